@@ -1,0 +1,1 @@
+"""The ``dscore`` command: one module per subcommand, each with ``add_arguments`` and ``run``."""

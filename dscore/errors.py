@@ -1,0 +1,149 @@
+"""The dscore error hierarchy.
+
+Every error dscore raises on purpose derives from :class:`DscoreError`, so callers (and the CLI) can
+catch one type and print a clean message instead of a traceback. Errors are plain exceptions with a
+readable ``str()``; the subclasses add the structured fields a caller may want to inspect.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+__all__ = [
+    "DscoreError",
+    "PluginError",
+    "PluginLoadError",
+    "PluginConflictError",
+    "PluginValidationError",
+    "ComponentNotFoundError",
+    "ConfigError",
+    "DistributedError",
+    "AcceleratorError",
+    "LauncherError",
+    "HostfileError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "OpBuildError",
+    "did_you_mean",
+]
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """Return up to ``n`` entries of ``choices`` close to ``word`` (case-insensitive, difflib ratio).
+
+    The original spelling of each choice is returned, best match first.
+    """
+    by_lower: dict[str, str] = {}
+    for choice in choices:
+        by_lower.setdefault(choice.lower(), choice)
+    matches = difflib.get_close_matches(word.lower(), list(by_lower), n=n, cutoff=cutoff)
+    return [by_lower[m] for m in matches]
+
+
+class DscoreError(Exception):
+    """Base class of every error dscore raises deliberately."""
+
+
+class PluginError(DscoreError):
+    """Something is wrong with an installed plugin or with how plugins were selected."""
+
+
+class PluginLoadError(PluginError):
+    """A plugin could not be imported or registered.
+
+    Raised when a component that is needed comes from a plugin whose status is ``broken``.
+    ``plugin``, ``distribution`` and ``version`` name the offender.
+    """
+
+    def __init__(self, message: str, *, plugin: str = "", distribution: str = "", version: str = "") -> None:
+        super().__init__(message)
+        self.plugin = plugin
+        self.distribution = distribution
+        self.version = version
+
+
+class PluginValidationError(PluginError):
+    """A plugin implements a hook that does not exist (misspelled) or with a wrong signature."""
+
+
+class PluginConflictError(PluginError):
+    """Two or more plugins register a component of the same kind under the same name (or alias)."""
+
+
+class ComponentNotFoundError(PluginError, LookupError):
+    """No installed plugin provides the requested component.
+
+    ``kind`` is the component kind (``"optimizer"``), ``name`` what was asked for, ``available`` what
+    is installed, ``suggestions`` close matches.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str,
+        name: str,
+        available: list[str],
+        suggestions: list[str],
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.name = name
+        self.available = available
+        self.suggestions = suggestions
+
+
+class ConfigError(DscoreError, ValueError):
+    """A ds_config value is invalid.
+
+    ``path`` is the dotted key path (``zero_optimization.stage``) or ``""`` for the whole config;
+    ``source`` is the file name (or ``"<dict>"``) the config came from. ``errors`` holds one
+    ``(path, message)`` pair per problem when several were found at once.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str = "",
+        source: str = "",
+        errors: list[tuple[str, str]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.source = source
+        self.errors = list(errors) if errors else [(path, message)]
+
+
+class DistributedError(DscoreError, RuntimeError):
+    """The process group could not be set up consistently (bad environment, mismatched ranks)."""
+
+
+class AcceleratorError(DscoreError, RuntimeError):
+    """An accelerator was requested that is not installed or not usable here."""
+
+
+class LauncherError(DscoreError):
+    """``dscore run`` was given options it cannot act on."""
+
+
+class HostfileError(LauncherError, ValueError):
+    """A hostfile is missing or malformed. ``path`` and ``line`` (1-based, 0 if none) locate it."""
+
+    def __init__(self, message: str, *, path: str = "", line: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+
+
+class CheckpointError(DscoreError):
+    """A checkpoint cannot be saved or loaded as asked."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint directory, tag or shard file does not exist."""
+
+
+class OpBuildError(DscoreError, RuntimeError):
+    """A C++/CUDA op cannot be built or loaded (missing compiler, CUDA mismatch, build failure)."""

@@ -1,0 +1,1 @@
+"""The engine and what it is assembled from (torch lives here, never imported by ``import dscore``)."""

@@ -1,0 +1,200 @@
+"""The contract between the engine and a ZeRO-stage plugin (stages 0-3), and the precision mode.
+
+The engine owns the training-loop bookkeeping (micro steps, boundaries, counters, LR scheduler,
+logging, checkpoints); a :class:`ZeroStage` owns everything about gradients and parameters in between:
+where gradients are reduced (all-reduce for stage 0, bucketed reduce-scatter for 1-3), which slice of
+the optimizer state lives on this rank, unscaling, overflow checks, clipping by the global norm, the
+optimizer step and the all-gather of updated parameters. Stage 0 is a ZeRO stage like the others (plain
+data parallelism), so the engine has exactly one code path.
+
+A :class:`PrecisionMode` (plugin kind ``precision``) says how the model is cast and how the loss is
+scaled; the ZeRO stage asks it for the loss scaler and reports overflows to it.
+
+Mirrors DeepSpeed's split between ``DeepSpeedEngine`` and its ``DeepSpeedZeroOptimizer`` /
+``DeepSpeedZeroOptimizer_Stage3`` / ``FP16_Optimizer`` wrappers (``deepspeed/runtime/engine.py``).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["LossScaler", "PrecisionMode", "StepOutcome", "ZeroStage", "ZeroStageContext"]
+
+
+class LossScaler(abc.ABC):
+    """Loss scale state for fp16 training (static or dynamic).
+
+    ``loss_scale`` is the factor the loss is multiplied by before backward (a Python float). ``update``
+    is called once per gradient accumulation boundary with whether any gradient was inf/NaN, and returns
+    True when the optimizer step must be skipped. Algorithms and their sources are documented by the
+    implementing plugin (DeepSpeed ``deepspeed/runtime/fp16/loss_scaler.py``).
+    """
+
+    @property
+    @abc.abstractmethod
+    def loss_scale(self) -> float:
+        """The current scale (>= 1 for dynamic scaling)."""
+
+    @abc.abstractmethod
+    def update(self, overflow: bool) -> bool:
+        """Record one boundary; return True when the step must be skipped.
+
+        Raises:
+            FloatingPointError: the ZeRO algorithm reached ``min_loss_scale`` and still overflows.
+        """
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-like state (floats and ints) for checkpoints."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+class PrecisionMode(abc.ABC):
+    """How parameters are stored for compute and how the loss is scaled.
+
+    Attributes:
+        name: ``"fp32"``, ``"fp16"`` or ``"bf16"``.
+        check_overflow: True when gradients must be checked for inf/NaN at each boundary (fp16 always,
+            bf16 when ``bf16.check_grad_overflow``).
+    """
+
+    name: ClassVar[str]
+    check_overflow: bool = False
+
+    @property
+    @abc.abstractmethod
+    def compute_dtype(self) -> torch.dtype:
+        """dtype of the module's parameters during forward/backward."""
+
+    @abc.abstractmethod
+    def make_loss_scaler(self, *, zero_stage: int) -> LossScaler | None:
+        """A new loss scaler for one engine, or None when the mode needs none (fp32, bf16).
+
+        ``zero_stage`` selects DeepSpeed's algorithm: stage 0 uses the fp16-optimizer rules (halve at once,
+        no hysteresis), stages 1-3 the ZeRO rules (hysteresis, error at the minimum scale).
+        """
+
+    @abc.abstractmethod
+    def prepare_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Cast the module's floating-point parameters and buffers to :attr:`compute_dtype` (in place)."""
+
+
+@dataclass
+class ZeroStageContext:
+    """Everything a ZeRO stage needs from the engine, built once per engine.
+
+    Attributes:
+        module: the user's model, already on the accelerator device and cast by the precision mode.
+        param_groups: trainable parameters as torch-style groups ``[{"params": [...], **overrides}]``
+            (from ``model_parameters``; frozen parameters are excluded).
+        client_optimizer: an optimizer instance the user passed, built over the module's parameters,
+            or None.
+        optimizer_factory: ``factory(param_groups) -> torch.optim.Optimizer`` built from the config's
+            ``optimizer`` block (or the user's optimizer callable), or None when there is no optimizer.
+        config: the validated :class:`dscore.config.DscoreConfig`.
+        comm: the runtime's collective facade (:class:`dscore.comm.Comm`).
+        accelerator: the runtime's accelerator.
+        precision: the selected precision mode.
+        loss_scaler: the engine's loss scaler (None unless fp16).
+    """
+
+    module: torch.nn.Module
+    param_groups: list[dict[str, Any]]
+    client_optimizer: torch.optim.Optimizer | None
+    optimizer_factory: Callable[[list[dict[str, Any]]], torch.optim.Optimizer] | None
+    config: Any
+    comm: Any
+    accelerator: Any
+    precision: PrecisionMode
+    loss_scaler: LossScaler | None
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What happened at one gradient accumulation boundary.
+
+    Attributes:
+        applied: False when the step was skipped (fp16/bf16 overflow).
+        overflow: True when an inf/NaN gradient was found on any rank.
+        global_grad_norm: the unscaled global L2 norm over all ranks' gradients before clipping, or
+            None when it was not computed (overflow).
+    """
+
+    applied: bool
+    overflow: bool
+    global_grad_norm: float | None
+
+
+class ZeroStage(abc.ABC):
+    """Owns gradient reduction, optimizer state and the optimizer step for one engine.
+
+    The engine calls, per micro step: ``backward(loss, boundary=...)``; at each gradient accumulation
+    boundary: ``step()`` then nothing else (``step`` zeroes gradients). ``optimizer`` is what
+    ``engine.optimizer`` returns and what the LR scheduler drives, so its ``param_groups`` must carry the
+    live ``lr``.
+
+    Checkpoint state is world-size independent: :meth:`state_dict` returns full (gathered) tensors keyed
+    by parameter name, so a checkpoint saved with N ranks loads with M.
+    """
+
+    stage: ClassVar[int]
+
+    def __init__(self, ctx: ZeroStageContext) -> None:
+        self.ctx = ctx
+
+    @property
+    @abc.abstractmethod
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer object exposed as ``engine.optimizer`` (None when training without one)."""
+
+    @abc.abstractmethod
+    def backward(self, loss: torch.Tensor, *, boundary: bool, sync: bool = True) -> None:
+        """Run backward for one micro step.
+
+        Args:
+            loss: scalar, already divided by ``gradient_accumulation_steps`` and multiplied by the loss scale.
+            boundary: True on the micro step that ends a gradient accumulation window; reduction must be
+                complete when this returns (or when :meth:`step` starts).
+            sync: False inside ``engine.no_sync()``: gradients accumulate locally, no communication.
+        """
+
+    @abc.abstractmethod
+    def step(self) -> StepOutcome:
+        """At a boundary: unscale, check overflow, clip to ``gradient_clipping`` by the global norm,
+        step the optimizer, all-gather updated parameters as the stage requires, and zero gradients."""
+
+    @abc.abstractmethod
+    def zero_grad(self) -> None:
+        """Drop all accumulated gradients (and partitions) without stepping."""
+
+    @abc.abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """World-size independent optimizer state: ``{"param_names": [...], "state": {name: {key: full
+        tensor}}, "param_groups": [...hyper-parameters without params...], "fp32_params": {name: full fp32
+        tensor} (when master weights differ from the module's)}``."""
+
+    @abc.abstractmethod
+    def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
+        """Restore :meth:`state_dict` output saved at any data-parallel world size (re-partitioning it)."""
+
+    @abc.abstractmethod
+    def module_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full module state dict (stage 3 gathers partitioned parameters; other stages return the
+        module's own). Called on every rank (it may run collectives)."""
+
+    def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
+        """Load full parameters into the module (stage 3 re-partitions). Default: ``module.load_state_dict``."""
+        self.ctx.module.load_state_dict(state, strict=strict)
+
+    @abc.abstractmethod
+    def partition_bytes(self) -> dict[str, int]:
+        """Bytes held by this rank: ``{"optimizer_state": ..., "parameters": ..., "gradients": ...}``."""

@@ -1,0 +1,245 @@
+"""Registration dataclasses: what a plugin hands to dscore for each component kind.
+
+A plugin's registration hook (see :mod:`dscore.hookspecs`) returns an iterable of these specs. They are
+frozen, keyword-only and torch-free: anything heavy (a class, a factory, a pydantic model that imports
+torch) is given as an *import string* ``"package.module:attribute"`` that dscore resolves only when the
+component is selected (:func:`dscore.specs.resolve`). That keeps ``dscore plugins list`` and
+``import dscore`` fast and free of torch.
+
+Names are compared case-insensitively; ``aliases`` hold extra spellings (DeepSpeed's, e.g. ``"Adam"``
+and ``"adam"`` are the same optimizer, ``"WarmupLR"`` is the scheduler ``warmuplr``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+__all__ = [
+    "ComponentSpec",
+    "AcceleratorSpec",
+    "CommBackendSpec",
+    "OptimizerSpec",
+    "LRSchedulerSpec",
+    "ZeroStageSpec",
+    "PrecisionSpec",
+    "OpBuilderSpec",
+    "ConfigSectionSpec",
+    "MonitorSpec",
+    "CommandSpec",
+    "SPEC_KINDS",
+    "resolve",
+]
+
+
+def resolve(import_string: str) -> Any:
+    """Import ``"package.module:attr.sub"`` and return the attribute.
+
+    Raises:
+        ImportError: the module cannot be imported (the original error is chained).
+        AttributeError: the attribute path does not exist in the module.
+        ValueError: the string has no ``:``.
+    """
+    module_name, sep, attr_path = import_string.partition(":")
+    if not sep or not module_name or not attr_path:
+        raise ValueError(f"import string {import_string!r} must look like 'package.module:attribute'")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr_path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentSpec:
+    """Fields shared by every registration.
+
+    Attributes:
+        name: the component's canonical name, unique per kind (case-insensitive).
+        aliases: other accepted spellings, also unique per kind.
+        description: one line shown by ``dscore plugins list`` and in errors.
+    """
+
+    kind: ClassVar[str] = "component"
+    name: str
+    aliases: tuple[str, ...] = ()
+    description: str = ""
+
+    def all_names(self) -> tuple[str, ...]:
+        """The canonical name followed by the aliases."""
+        return (self.name, *self.aliases)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AcceleratorSpec(ComponentSpec):
+    """An accelerator (device family) such as ``cpu`` or ``cuda``.
+
+    Attributes:
+        device_type: the torch device type string (``"cuda"``, ``"cpu"``, ``"hpu"``).
+        accelerator: import string of the accelerator class (instantiated with no arguments).
+        probe: import string of a cheap, side-effect-free function ``() -> ProbeResult`` saying whether
+            the device is usable here. It must not create a device context.
+        priority: higher probes first during automatic selection (``cpu`` is the lowest).
+    """
+
+    kind: ClassVar[str] = "accelerator"
+    device_type: str
+    accelerator: str
+    probe: str
+    priority: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommBackendSpec(ComponentSpec):
+    """A collective-communication backend usable by ``torch.distributed``.
+
+    Attributes:
+        torch_backend: the backend name given to ``torch.distributed.init_process_group``.
+        device_types: device types this backend serves (``("cpu",)`` for gloo).
+        requires: import strings of modules that must be importable (e.g. ``"oneccl_bindings_for_pytorch"``).
+    """
+
+    kind: ClassVar[str] = "comm_backend"
+    torch_backend: str
+    device_types: tuple[str, ...]
+    requires: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSpec(ComponentSpec):
+    """An optimizer selected by ``optimizer.type``.
+
+    Attributes:
+        factory: import string of ``factory(params, **optimizer_params) -> torch.optim.Optimizer``.
+        params_model: import string of a pydantic model validating ``optimizer.params`` (torch-free).
+        offload_capable: True when the optimizer steps on CPU tensors (usable with ZeRO offload).
+    """
+
+    kind: ClassVar[str] = "optimizer"
+    factory: str
+    params_model: str | None = None
+    offload_capable: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class LRSchedulerSpec(ComponentSpec):
+    """An LR scheduler selected by ``scheduler.type``.
+
+    Attributes:
+        factory: import string of ``factory(optimizer, **scheduler_params)`` returning an object with
+            ``step()``, ``get_last_lr()``, ``state_dict()``, ``load_state_dict()``.
+        params_model: import string of a pydantic model validating ``scheduler.params`` (torch-free).
+    """
+
+    kind: ClassVar[str] = "lr_scheduler"
+    factory: str
+    params_model: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroStageSpec(ComponentSpec):
+    """A ZeRO stage selected by ``zero_optimization.stage``.
+
+    Attributes:
+        stage: the integer stage (0-3) users write in the config.
+        factory: import string of the class the engine instantiates to own gradient reduction and the
+            optimizer step (see ``dscore.runtime`` for the contract).
+    """
+
+    kind: ClassVar[str] = "zero_stage"
+    stage: int
+    factory: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionSpec(ComponentSpec):
+    """A training precision mode (``fp32``, ``fp16``, ``bf16``).
+
+    Attributes:
+        config_key: the top-level config block that enables it (``"fp16"``), or ``None`` for the default.
+        factory: import string of the precision-mode class the engine instantiates.
+    """
+
+    kind: ClassVar[str] = "precision"
+    config_key: str | None
+    factory: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpBuilderSpec(ComponentSpec):
+    """A C++/CUDA op builder (JIT-compiled with ninja on first use).
+
+    Attributes:
+        builder: import string of the ``OpBuilder`` subclass.
+        device_types: device types the op runs on.
+        build_env_var: the ``DS_BUILD_<OP>`` variable that asks for an ahead-of-time build.
+    """
+
+    kind: ClassVar[str] = "op_builder"
+    builder: str
+    device_types: tuple[str, ...]
+    build_env_var: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigSectionSpec(ComponentSpec):
+    """A ds_config top-level section owned by a plugin.
+
+    ``name`` is the top-level key (``"zero_optimization"``); aliases are legacy spellings of the key
+    (``"bfloat16"``).
+
+    Attributes:
+        model: import string of the pydantic v2 model (torch-free) validating the section.
+    """
+
+    kind: ClassVar[str] = "config_section"
+    model: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MonitorSpec(ComponentSpec):
+    """A training monitor (tensorboard, csv, wandb, ...).
+
+    Attributes:
+        config_key: the top-level config block that configures and enables it (``"csv_monitor"``).
+        factory: import string of ``factory(section_config, rank) -> monitor`` with
+            ``write_events(list[tuple[str, float, int]])`` and ``close()``.
+    """
+
+    kind: ClassVar[str] = "monitor"
+    config_key: str
+    factory: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandSpec(ComponentSpec):
+    """A ``dscore <name>`` subcommand.
+
+    Attributes:
+        module: import string of a module (``"pkg.cli.mycmd"``, no ``:``) defining
+            ``add_arguments(parser: argparse.ArgumentParser) -> None`` and
+            ``run(args: argparse.Namespace) -> int``. The module must not import torch at import time.
+        help: one line for ``dscore --help``.
+    """
+
+    kind: ClassVar[str] = "command"
+    module: str
+    help: str = ""
+
+
+#: kind name -> spec class, in the order ``dscore plugins list`` shows them.
+SPEC_KINDS: dict[str, type[ComponentSpec]] = {
+    cls.kind: cls
+    for cls in (
+        AcceleratorSpec,
+        CommBackendSpec,
+        OptimizerSpec,
+        LRSchedulerSpec,
+        ZeroStageSpec,
+        PrecisionSpec,
+        OpBuilderSpec,
+        ConfigSectionSpec,
+        MonitorSpec,
+        CommandSpec,
+    )
+}

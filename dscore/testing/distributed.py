@@ -1,0 +1,157 @@
+"""Run a function on N real processes forming a gloo process group on loopback.
+
+The shape follows DeepSpeed's ``DistributedTest`` (tests/unit/common.py): real processes, real
+collectives, failures propagated to the test. Differences: processes are spawned fresh (no fork of a
+process that may hold threads), each rank's exception text and traceback reach pytest, and when one rank
+fails the others are killed at once instead of hanging in a collective.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["DistributedTestFailure", "find_free_port", "run_distributed"]
+
+
+class DistributedTestFailure(AssertionError):
+    """One or more ranks failed; the message holds each failing rank's traceback."""
+
+
+def find_free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    env: dict[str, str],
+    init_process_group: bool,
+    results: Any,
+) -> None:
+    os.environ.update(env)
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1"),
+        }
+    )
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        if init_process_group:
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
+        value = fn(*args, **kwargs)
+        results.put((rank, "ok", value))
+    except BaseException as exc:  # report everything, SystemExit included
+        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if init_process_group and dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def run_distributed(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    *args: Any,
+    timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+    init_process_group: bool = True,
+    **kwargs: Any,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``world_size`` spawned processes and return each rank's result.
+
+    Each process gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, a fresh
+    ``MASTER_PORT`` and ``OMP_NUM_THREADS=1`` (override through ``env``); with ``init_process_group``
+    it also joins a gloo default process group before ``fn`` runs. ``fn`` and its arguments must be
+    picklable (a module-level function of an importable module).
+
+    Returns:
+        ``[result_rank0, result_rank1, ...]`` (results must be picklable).
+
+    Raises:
+        DistributedTestFailure: a rank raised (its traceback is in the message), died without
+            reporting, or the job exceeded ``timeout`` seconds; surviving ranks are killed first.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = find_free_port()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(rank, world_size, port, fn, args, kwargs, dict(env or {}), init_process_group, results),
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outcomes: dict[int, tuple[str, Any]] = {}
+    failures: list[str] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(outcomes) < world_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                missing = sorted(set(range(world_size)) - set(outcomes))
+                failures.append(f"timed out after {timeout:.0f}s waiting for rank(s) {missing}")
+                break
+            try:
+                rank, status, value = results.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                dead = [
+                    r for r, p in enumerate(procs) if r not in outcomes and p.exitcode is not None
+                ]
+                if dead:
+                    # give a dying rank's queued message a moment to arrive
+                    try:
+                        rank, status, value = results.get(timeout=2.0)
+                    except queue.Empty:
+                        failures.extend(f"rank {r} died with exit code {procs[r].exitcode}" for r in dead)
+                        break
+                else:
+                    continue
+            outcomes[rank] = (status, value)
+            if status == "error":
+                failures.append(f"rank {rank} failed:\n{value}")
+                break
+    finally:
+        if failures:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        results.close()
+    if failures:
+        raise DistributedTestFailure("\n".join(failures))
+    return [outcomes[r][1] for r in range(world_size)]
