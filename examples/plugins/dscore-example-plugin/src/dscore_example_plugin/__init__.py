@@ -1,0 +1,1 @@
+"""An example third-party dscore plugin (SignSGD optimizer, InverseSqrtLR scheduler)."""
