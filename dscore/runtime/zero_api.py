@@ -125,13 +125,15 @@ class StepOutcome:
     Attributes:
         applied: False when the step was skipped (fp16/bf16 overflow).
         overflow: True when an inf/NaN gradient was found on any rank.
-        global_grad_norm: the unscaled global L2 norm over all ranks' gradients before clipping, or
-            None when it was not computed (overflow).
+        global_grad_norm: the unscaled global L2 norm over all ranks' gradients before clipping, as a
+            Python float or a 0-dim tensor (so a stage need not synchronize the device just to report
+            it; the engine converts it with ``float()`` only when asked), or None when it was not
+            computed (overflow, or neither clipping nor an overflow check needed it).
     """
 
     applied: bool
     overflow: bool
-    global_grad_norm: float | None
+    global_grad_norm: float | torch.Tensor | None
 
 
 class ZeroStage(abc.ABC):
@@ -157,20 +159,29 @@ class ZeroStage(abc.ABC):
         """The optimizer object exposed as ``engine.optimizer`` (None when training without one)."""
 
     @abc.abstractmethod
-    def backward(self, loss: torch.Tensor, *, boundary: bool, sync: bool = True) -> None:
+    def backward(self, loss: torch.Tensor, *, boundary: bool, sync: bool = True, retain_graph: bool = False) -> None:
         """Run backward for one micro step.
+
+        The engine passes ``retain_graph`` only when the user asked for it (``engine.backward(loss,
+        retain_graph=True)``), so implementations written before it existed keep working unless used.
 
         Args:
             loss: scalar, already divided by ``gradient_accumulation_steps`` and multiplied by the loss scale.
             boundary: True on the micro step that ends a gradient accumulation window; reduction must be
                 complete when this returns (or when :meth:`step` starts).
             sync: False inside ``engine.no_sync()``: gradients accumulate locally, no communication.
+            retain_graph: forwarded to ``torch.Tensor.backward``.
         """
 
     @abc.abstractmethod
     def step(self) -> StepOutcome:
         """At a boundary: unscale, check overflow, clip to ``gradient_clipping`` by the global norm,
-        step the optimizer, all-gather updated parameters as the stage requires, and zero gradients."""
+        step the optimizer, all-gather updated parameters as the stage requires, and zero gradients.
+
+        If the gradients were not reduced yet (the last ``backward`` had ``boundary=False`` because the
+        user manages boundaries with ``managed_gradient_accumulation: false``, or set the boundary
+        late), ``step`` must reduce them first. The loss scaler's ``update`` is called here (once per
+        boundary) with the overflow result; the LR scheduler and counters are the engine's."""
 
     @abc.abstractmethod
     def zero_grad(self) -> None:

@@ -1,0 +1,123 @@
+"""``dscore config check FILE [--world-size N] [--json] [--lenient]``: validate a ds_config.
+
+Prints the resolved values (the batch triangle for the given data-parallel world size, ZeRO stage,
+precision, optimizer, scheduler, offload devices) and every warning. Exit codes: 0 valid, 2 invalid
+(with ``--json``: ``{"error": {"type", "path", "message"}}`` on stdout; never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import Any
+
+__all__ = ["add_arguments", "run", "summary"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``check`` action and its options to ``parser``."""
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    check = actions.add_parser(
+        "check",
+        help="validate a ds_config and print the resolved values",
+        description="Validate a ds_config (JSON or Hjson file, or url-safe base64) and print the resolved values.",
+        allow_abbrev=False,
+    )
+    check.add_argument("file", metavar="FILE", help="path to ds_config.json (JSON or Hjson), or url-safe base64 text")
+    check.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="data-parallel world size for the batch triangle (default: $WORLD_SIZE, else 1)",
+    )
+    check.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    check.add_argument("--lenient", action="store_true", help="unknown keys are warnings (like \"strict\": false)")
+
+
+def _offload_device(zero: Any, name: str) -> str | None:
+    block = getattr(zero, name, None)
+    return getattr(block, "device", None) if block is not None else None
+
+
+def summary(cfg: Any) -> dict[str, Any]:
+    """The resolved values ``dscore config check --json`` prints (see the module docstring)."""
+    zero = cfg.section("zero_optimization")
+    return {
+        "source": cfg.source_name,
+        "world_size": cfg.world_size,
+        "train_batch_size": cfg.train_batch_size,
+        "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "zero_stage": cfg.zero_stage,
+        "fp16_enabled": cfg.fp16_enabled,
+        "bf16_enabled": cfg.bf16_enabled,
+        "optimizer_type": cfg.optimizer.type if cfg.optimizer is not None else None,
+        "scheduler_type": cfg.scheduler.type if cfg.scheduler is not None else None,
+        "gradient_clipping": cfg.gradient_clipping,
+        "offload_optimizer_device": _offload_device(zero, "offload_optimizer"),
+        "offload_param_device": _offload_device(zero, "offload_param"),
+        "pending_auto": cfg.pending_auto,
+        "warnings": cfg.warnings,
+        "config": _jsonable(cfg.model_dump(mode="json", by_alias=True)),
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _world_size(args: argparse.Namespace) -> tuple[int, str]:
+    if args.world_size is not None:
+        return args.world_size, f"--world-size {args.world_size}"
+    env = os.environ.get("WORLD_SIZE", "").strip()
+    if env:
+        try:
+            return int(env), f"WORLD_SIZE={env} in the environment"
+        except ValueError:
+            from dscore.errors import ConfigError
+
+            raise ConfigError(f"WORLD_SIZE={env!r} in the environment is not an integer; pass --world-size N") from None
+    return 1, "default 1 (no --world-size, no WORLD_SIZE)"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate ``args.file``; return 0 when valid, 2 when not."""
+    from dscore.config import load_config
+    from dscore.errors import ConfigError, DscoreError
+
+    try:
+        world_size, where = _world_size(args)
+        cfg = load_config(
+            args.file, world_size=world_size, strict=False if args.lenient else None, world_size_source=where
+        )
+    except DscoreError as exc:
+        path = exc.path if isinstance(exc, ConfigError) else ""
+        if args.json:
+            payload = {"error": {"type": type(exc).__name__, "path": path, "message": str(exc)}}
+            if isinstance(exc, ConfigError) and len(exc.errors) > 1:
+                payload["error"]["errors"] = [{"path": p, "message": m} for p, m in exc.errors]
+            print(json.dumps(payload, indent=2))
+        else:
+            print(f"dscore config: error: {exc}", file=sys.stderr)
+        return 2
+    data = summary(cfg)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(f"{cfg.source_name}: valid (world size {world_size}, {where})")
+    for key, value in data.items():
+        if key in {"config", "warnings", "source", "world_size"}:
+            continue
+        print(f"  {key} = {value if not isinstance(value, list) else ', '.join(value) or '-'}")
+    for message in cfg.warnings:
+        print(f"  warning: {message}")
+    return 0

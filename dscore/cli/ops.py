@@ -1,0 +1,133 @@
+"""``dscore ops list [--json]`` and ``dscore ops build [NAME ...]``: the C++/CUDA ops, built ahead of time.
+
+``list`` reads only the plugins' registrations (no torch, no compiler probe). ``build`` compiles into
+the same cache a JIT ``load()`` uses. Without names it honours DeepSpeed's install-time variables:
+``DS_BUILD_OPS=1`` selects every op, ``DS_BUILD_<OP>=1``/``0`` selects or deselects one; an op selected
+that way but incompatible here is skipped with a warning. With no names and none of those variables
+set, every op compatible with this machine is built. An op named explicitly must build.
+
+Exit codes: 0 all requested builds succeeded, 1 a build failed or a named op is incompatible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping
+
+from dscore.specs import OpBuilderSpec
+
+__all__ = ["add_arguments", "run", "select_ops"]
+
+logger = logging.getLogger("dscore.ops")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``list`` (default) and ``build`` actions."""
+    sub = parser.add_subparsers(dest="action")
+    lst = sub.add_parser("list", help="list the registered ops", allow_abbrev=False)
+    lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    build = sub.add_parser("build", help="build ops into the cache ahead of time", allow_abbrev=False)
+    build.add_argument("names", nargs="*", metavar="NAME", help="ops to build (default: DS_BUILD_* or all compatible)")
+    build.add_argument("--verbose", action="store_true", help="show the compiler commands")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+
+
+def select_ops(specs: list[OpBuilderSpec], environ: Mapping[str, str] | None = None) -> list[OpBuilderSpec] | None:
+    """Ops chosen by ``DS_BUILD_OPS`` / ``DS_BUILD_<OP>``; ``None`` when none of those variables is set.
+
+    ``DS_BUILD_OPS`` gives the default for every op and each op's own variable overrides it
+    (``"1"``/``"true"`` on, anything else off).
+    """
+    env = os.environ if environ is None else environ
+
+    def flag(value: str) -> bool:
+        return value.strip().lower() in {"1", "true", "yes", "on"}
+
+    if "DS_BUILD_OPS" not in env and not any(s.build_env_var in env for s in specs):
+        return None
+    default = flag(env.get("DS_BUILD_OPS", "0"))
+    return [s for s in specs if (flag(env[s.build_env_var]) if s.build_env_var in env else default)]
+
+
+def _registry():  # type: ignore[no-untyped-def]
+    from dscore.plugin_manager import create_plugin_manager
+    from dscore.registry import Registry
+
+    return Registry(create_plugin_manager())
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``list`` or ``build``; see the module docstring for exit codes."""
+    registry = _registry()
+    specs = [s for s in registry.specs("op_builder") if isinstance(s, OpBuilderSpec)]
+    if args.action == "build":
+        return _build(registry, specs, list(args.names), verbose=args.verbose)
+    rows = [
+        {
+            "name": s.name,
+            "device_types": list(s.device_types),
+            "build_env_var": s.build_env_var,
+            "plugin": registry.provider(s).name,
+            "description": s.description,
+        }
+        for s in specs
+    ]
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    width = max([len(r["name"]) for r in rows] + [4])
+    print(f"{'op'.ljust(width)}  {'devices'.ljust(8)}  {'build variable'.ljust(22)}  description")
+    for r in rows:
+        devices = ",".join(r["device_types"])
+        print(f"{r['name'].ljust(width)}  {devices.ljust(8)}  {r['build_env_var'].ljust(22)}  {r['description']}")
+    if not rows:
+        print("(no op builders are registered; is the dscore 'ops' plugin disabled?)")
+    return 0
+
+
+def _build(registry, specs: list[OpBuilderSpec], names: list[str], *, verbose: bool) -> int:  # type: ignore[no-untyped-def]
+    from dscore.errors import DscoreError
+    from dscore.ops import op_builder_class
+
+    explicit = bool(names)
+    if explicit:
+        chosen = [registry.get_typed(OpBuilderSpec, n, config_path="dscore ops build") for n in names]
+    else:
+        selected = select_ops(specs)
+        chosen = specs if selected is None else selected
+        strict_env = selected is not None
+        if not chosen:
+            print("no ops selected (DS_BUILD_OPS / DS_BUILD_<OP> select none)")
+            return 0
+    failures = 0
+    for spec in chosen:
+        try:
+            builder = op_builder_class(spec.name, registry)()
+            ok, reason = builder.compatibility()
+        except DscoreError as exc:
+            ok, reason = False, str(exc)
+        if not ok:
+            if explicit:
+                print(f"FAILED   {spec.name}: not compatible here: {reason}")
+                failures += 1
+            else:
+                why = f"{spec.build_env_var} asked for it, but " if strict_env else ""
+                print(f"skipped  {spec.name}: {why}not compatible here: {reason}")
+            continue
+        start = time.perf_counter()
+        try:
+            builder.load(verbose=verbose)
+            library = builder.cached_build()
+        except DscoreError as exc:
+            print(f"FAILED   {spec.name}: {exc}")
+            failures += 1
+            continue
+        where = library if library is not None else spec.name
+        print(f"built    {spec.name} ({time.perf_counter() - start:.1f} s) -> {where}")
+    return 1 if failures else 0

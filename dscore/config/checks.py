@@ -1,0 +1,88 @@
+"""Cross-section checks run on the validated config (each names the key path at fault).
+
+Mirrors DeepSpeed's ``_do_error_check`` / ``_initialize_params``:
+
+* fp16 and bf16 both enabled (path ``bf16.enabled``),
+* ``zero_optimization.offload_optimizer.device`` cpu/nvme needs ZeRO stage >= 1,
+* ``zero_optimization.offload_param.device`` cpu/nvme needs stage 3,
+* ``fp16.fp16_master_weights_and_grads``, ``bf16.bf16_master_weights_and_grads`` and
+  ``bf16.bf16_optimizer_states`` need stage >= 1; ``bf16_optimizer_states`` also needs
+  ``bf16_master_weights_and_grads``,
+* ``gradient_allreduce_op: "sum"`` is refused with stage 3,
+* ``data_types.param_dtype`` must match the enabled precision,
+* an enabled monitor section (``tensorboard``, ``csv_monitor``, ``wandb``, ``comet``) needs a registered
+  monitor with that ``config_key``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dscore.config.errors import Problem
+from dscore.config.keys import MONITOR_KEYS
+
+__all__ = ["cross_check"]
+
+
+def _problem(path: str, text: str) -> Problem:
+    return (path, f"{path}: {text}", tuple(path.split(".")))
+
+
+def cross_check(cfg: Any, registry: Any) -> list[Problem]:
+    """Return the cross-section problems of the validated config ``cfg``."""
+    problems: list[Problem] = []
+    stage = cfg.zero_stage
+    fp16 = getattr(cfg, "fp16", None)
+    bf16 = getattr(cfg, "bf16", None)
+    if cfg.fp16_enabled and cfg.bf16_enabled:
+        problems.append(_problem("bf16.enabled", "fp16 and bf16 cannot both be enabled (fp16.enabled is also true)"))
+    zero = getattr(cfg, "zero_optimization", None)
+    for name, need in (("offload_optimizer", 1), ("offload_param", 3)):
+        block = getattr(zero, name, None)
+        device = getattr(block, "device", "none")
+        if device in ("cpu", "nvme") and (stage < need if need == 1 else stage != 3):
+            required = "ZeRO stage 1, 2 or 3" if need == 1 else "ZeRO stage 3"
+            problems.append(
+                _problem(
+                    f"zero_optimization.{name}.device",
+                    f"offloading to {device!r} requires {required}, but zero_optimization.stage is {stage}",
+                )
+            )
+    for section, flag in (
+        (fp16, "fp16_master_weights_and_grads"),
+        (bf16, "bf16_master_weights_and_grads"),
+        (bf16, "bf16_optimizer_states"),
+    ):
+        if section is not None and getattr(section, flag, False) and stage == 0:
+            key = "fp16" if section is fp16 else "bf16"
+            problems.append(
+                _problem(f"{key}.{flag}", f"requires ZeRO stage 1, 2 or 3, but zero_optimization.stage is {stage}")
+            )
+    if (
+        bf16 is not None
+        and getattr(bf16, "bf16_optimizer_states", False)
+        and not getattr(bf16, "bf16_master_weights_and_grads", False)
+    ):
+        problems.append(_problem("bf16.bf16_optimizer_states", "requires bf16.bf16_master_weights_and_grads: true"))
+    if cfg.gradient_allreduce_op == "sum" and stage == 3:
+        problems.append(_problem("gradient_allreduce_op", "'sum' is not supported with ZeRO stage 3; use 'mean'"))
+    param_dtype = cfg.data_types.param_dtype
+    if param_dtype is not None:
+        mode = "fp16" if cfg.fp16_enabled else "bf16" if cfg.bf16_enabled else "fp32"
+        if param_dtype != mode:
+            problems.append(
+                _problem("data_types.param_dtype", f"{param_dtype!r} does not match the enabled precision {mode!r}")
+            )
+    handled = {getattr(spec, "config_key", None) for spec in registry.specs("monitor")}
+    for key in sorted(MONITOR_KEYS | (handled - {None})):
+        section = getattr(cfg, key, None)
+        if section is not None and getattr(section, "enabled", False) and key not in handled:
+            installed = ", ".join(sorted(k for k in handled if k)) or "(none)"
+            problems.append(
+                _problem(
+                    f"{key}.enabled",
+                    f"no installed monitor plugin handles {key!r}, so dscore cannot enable it "
+                    f"(monitors installed for: {installed}). Set {key}.enabled to false or install a plugin.",
+                )
+            )
+    return problems

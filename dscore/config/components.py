@@ -1,0 +1,104 @@
+"""Validating ``optimizer.params`` and ``scheduler.params`` against the selected plugin's params model.
+
+The component is looked up in the registry (case-insensitive, aliases included); its spec's
+``params_model`` import string names a torch-free pydantic model. The params are validated by it (so a
+plugin's own parameters get the same strict checking as dscore's) but the dict is kept as written:
+defaults are not injected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from dscore.config.errors import Problem, problems_from_validation, short_repr
+from dscore.errors import ComponentNotFoundError, PluginLoadError
+from dscore.specs import resolve
+
+__all__ = ["validate_components", "COMPONENT_BLOCKS"]
+
+#: top-level block -> registry kind of the component it selects.
+COMPONENT_BLOCKS: dict[str, str] = {"optimizer": "optimizer", "scheduler": "lr_scheduler"}
+
+
+def _params_model(spec: Any, registry: Any) -> type[BaseModel] | None:
+    if not spec.params_model:
+        return None
+    record = registry.provider(spec)
+    try:
+        model = resolve(spec.params_model)
+    except Exception as exc:  # the plugin is broken; name it
+        raise PluginLoadError(
+            f"plugin {record.label()}: params_model {spec.params_model!r} of {spec.kind} {spec.name!r} cannot be "
+            f"imported: {type(exc).__name__}: {exc}",
+            plugin=record.name,
+            distribution=record.distribution,
+            version=record.version,
+        ) from exc
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise PluginLoadError(
+            f"plugin {record.label()}: params_model {spec.params_model!r} is not a pydantic model class",
+            plugin=record.name,
+            distribution=record.distribution,
+            version=record.version,
+        )
+    return model
+
+
+def validate_components(data: dict[str, Any], registry: Any, warn: Callable[[str], None]) -> list[Problem]:
+    """Check ``optimizer`` and ``scheduler`` in ``data`` (edited in place only to drop a type-less block).
+
+    A block without ``type`` means "no component from the config" (DeepSpeed's behaviour); it is dropped
+    with a warning. ``optimizer.params.max_grad_norm`` is refused (use ``gradient_clipping``).
+
+    Returns:
+        Problems with paths like ``optimizer.type`` or ``scheduler.params.warmup_num_steps``.
+
+    Raises:
+        PluginLoadError: the selected plugin's params model cannot be imported, or the name is not found
+            and a broken plugin might provide it.
+        PluginConflictError: two plugins provide the name.
+    """
+    problems: list[Problem] = []
+    for key, kind in COMPONENT_BLOCKS.items():
+        block = data.get(key)
+        if not isinstance(block, dict):
+            continue
+        if block.get("type") is None:
+            if block:
+                warn(f"{key} has no 'type': no {key} is built from the config and {key!r} is ignored")
+            data[key] = None
+            continue
+        name = block["type"]
+        if not isinstance(name, str):
+            continue  # reported by validation
+        params = block.get("params")
+        if params is None and "params" in block:
+            block["params"] = params = {}
+        if key == "optimizer" and isinstance(params, dict) and "max_grad_norm" in params:
+            problems.append(
+                (
+                    "optimizer.params.max_grad_norm",
+                    "optimizer.params.max_grad_norm: not supported as an optimizer parameter; use the top-level "
+                    "'gradient_clipping' key instead (as DeepSpeed)",
+                    (key, "params", "max_grad_norm"),
+                )
+            )
+        try:
+            spec = registry.get(kind, name, config_path=f"{key}.type")
+        except ComponentNotFoundError as exc:
+            problems.append((f"{key}.type", f"{key}.type: {exc}", (key, "type")))
+            continue
+        model = _params_model(spec, registry)
+        if model is None or not isinstance(params, dict):
+            continue
+        checked = {k: v for k, v in params.items() if not (key == "optimizer" and k == "max_grad_norm")}
+        try:
+            model.model_validate(checked)
+        except ValidationError as exc:
+            problems += problems_from_validation(exc, checked, model, prefix=(key, "params"))
+        except (TypeError, ValueError) as exc:  # a plugin validator raising outside pydantic's protocol
+            problems.append((f"{key}.params", f"{key}.params: {exc} (got {short_repr(params)})", (key, "params")))
+    return problems

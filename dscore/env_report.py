@@ -1,0 +1,211 @@
+"""The environment report (DeepSpeed's ``ds_report``): ``dscore report [--json]`` or ``python -m dscore.env_report``.
+
+It lists dscore/Python/torch/CUDA/compiler/ninja versions, the accelerator that would be selected and
+why, and one row per registered op (compatible + reason, built in the cache or not). It never crashes:
+each probe runs on its own and a failing probe becomes that item's ``error`` (the row's reason).
+Importing this module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["collect_report", "format_report", "main"]
+
+logger = logging.getLogger("dscore.env_report")
+
+_SHM_WARN_BYTES = 512 * 1024 * 1024
+
+
+def _probe(fn: Callable[[], Any]) -> dict[str, Any]:
+    """``{"value": fn()}`` or ``{"value": None, "error": "<Type>: <message>"}``; never raises."""
+    try:
+        return {"value": fn()}
+    except BaseException as exc:  # noqa: BLE001 - a report must survive anything a probe does
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return {"value": None, "error": f"{type(exc).__name__}: {message}"[:500]}
+
+
+def _dscore() -> dict[str, str]:
+    import dscore
+
+    return {"version": dscore.__version__, "path": os.path.dirname(dscore.__file__)}
+
+
+def _torch() -> dict[str, Any]:
+    import torch
+
+    return {
+        "version": torch.__version__,
+        "path": os.path.dirname(torch.__file__),
+        "cuda": torch.version.cuda,
+        "hip": getattr(torch.version, "hip", None),
+        "cuda_available": bool(torch.cuda.is_available()),
+    }
+
+
+def _tool(kind: str) -> dict[str, str]:
+    from dscore.ops import toolchain
+
+    tool = {"cxx": toolchain.find_cxx, "ninja": toolchain.find_ninja, "nvcc": toolchain.find_nvcc}[kind]()
+    return {"path": tool.path, "version": tool.version, "found_by": tool.origin}
+
+
+def _cpu_simd() -> str:
+    from dscore.ops import toolchain
+
+    return toolchain.cpu_simd_level()
+
+
+def _shm() -> dict[str, Any]:
+    usage = shutil.disk_usage("/dev/shm")
+    out: dict[str, Any] = {"total_bytes": usage.total}
+    if usage.total < _SHM_WARN_BYTES:
+        out["warning"] = "/dev/shm is smaller than 512 MiB; DataLoader workers and NCCL may fail"
+    return out
+
+
+def _registry() -> Any:
+    from dscore.plugin_manager import create_plugin_manager
+    from dscore.registry import Registry
+
+    return Registry(create_plugin_manager())
+
+
+def _accelerator(registry: Any) -> dict[str, str]:
+    from dscore.accelerator import select_accelerator
+
+    accelerator, reason = select_accelerator(registry)
+    name = getattr(accelerator, "name", None) or type(accelerator).__name__
+    return {"name": str(name), "reason": reason}
+
+
+def _ops(registry: Any) -> list[dict[str, Any]]:
+    from dscore.ops import op_builder_class
+    from dscore.specs import OpBuilderSpec
+
+    rows: list[dict[str, Any]] = []
+    for spec in registry.specs("op_builder"):
+        assert isinstance(spec, OpBuilderSpec)
+        row: dict[str, Any] = {"name": spec.name, "device_types": list(spec.device_types),
+                               "build_env_var": spec.build_env_var}
+        builder = _probe(lambda s=spec: op_builder_class(s.name, registry)())
+        if "error" in builder:
+            row.update(compatible=False, reason=builder["error"], built=None, built_reason=builder["error"])
+            rows.append(row)
+            continue
+        compat = _probe(builder["value"].compatibility)
+        if "error" in compat:
+            row.update(compatible=False, reason=compat["error"])
+        else:
+            ok, reason = compat["value"]
+            row.update(compatible=bool(ok), reason=str(reason))
+        cached = _probe(builder["value"].cached_build) if row["compatible"] else {"value": None, "error": "incompatible"}
+        if "error" in cached:
+            row.update(built=None, built_reason=cached["error"])
+        else:
+            row.update(built=cached["value"] is not None, path=str(cached["value"]) if cached["value"] else None)
+        rows.append(row)
+    return rows
+
+
+def collect_report() -> dict[str, Any]:
+    """Gather every item; each is ``{"value": ...}`` or ``{"value": None, "error": "..."}``.
+
+    Returns:
+        ``{"dscore", "python", "torch", "cxx", "ninja", "nvcc", "cpu_simd", "shm", "accelerator", "ops"}``;
+        ``ops`` holds a list of rows ``{name, device_types, build_env_var, compatible, reason, built, ...}``.
+    """
+    report: dict[str, Any] = {
+        "dscore": _probe(_dscore),
+        "python": {"value": {"version": sys.version.split()[0], "executable": sys.executable}},
+        "torch": _probe(_torch),
+        "cxx": _probe(lambda: _tool("cxx")),
+        "ninja": _probe(lambda: _tool("ninja")),
+        "nvcc": _probe(lambda: _tool("nvcc")),
+        "cpu_simd": _probe(_cpu_simd),
+        "shm": _probe(_shm),
+    }
+    registry = _probe(_registry)
+    if "error" in registry:
+        report["accelerator"] = {"value": None, "error": registry["error"]}
+        report["ops"] = {"value": None, "error": registry["error"]}
+    else:
+        report["accelerator"] = _probe(lambda: _accelerator(registry["value"]))
+        report["ops"] = _probe(lambda: _ops(registry["value"]))
+    return report
+
+
+def _show(item: dict[str, Any], fmt: Callable[[Any], str]) -> str:
+    if "error" in item:
+        return f"[unavailable] {item['error']}"
+    try:
+        return fmt(item["value"])
+    except Exception as exc:  # noqa: BLE001
+        return f"[unavailable] {type(exc).__name__}: {exc}"
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """Human-readable text of :func:`collect_report`'s result."""
+    lines = ["dscore environment report", "-" * 60]
+
+    def row(label: str, text: str) -> None:
+        lines.append(f"{label} {'.' * max(2, 28 - len(label))} {text}")
+
+    row("dscore", _show(report["dscore"], lambda v: f"{v['version']} ({v['path']})"))
+    row("python", _show(report["python"], lambda v: f"{v['version']} ({v['executable']})"))
+    row("torch", _show(report["torch"], lambda v: f"{v['version']} ({v['path']})"))
+    row("torch cuda / hip", _show(report["torch"], lambda v: f"{v['cuda']} / {v['hip']}, device available: {v['cuda_available']}"))
+    for key, label in (("cxx", "C++ compiler"), ("ninja", "ninja"), ("nvcc", "nvcc")):
+        row(label, _show(report[key], lambda v: f"{v['version']} ({v['path']}, via {v['found_by']})"))
+    row("cpu simd", _show(report["cpu_simd"], str))
+    row("/dev/shm", _show(report["shm"], lambda v: f"{v['total_bytes'] / 2**30:.1f} GiB" + (f"  WARNING: {v['warning']}" if "warning" in v else "")))
+    row("accelerator", _show(report["accelerator"], lambda v: f"{v['name']} ({v['reason']})"))
+    lines += ["", "ops (JIT-built with ninja on first use; `dscore ops build` builds ahead)", "-" * 60]
+    ops = report["ops"]
+    if "error" in ops:
+        lines.append(f"[unavailable] {ops['error']}")
+        return "\n".join(lines)
+    width = max([len(r["name"]) for r in ops["value"]] + [7])
+    lines.append(f"{'op'.ljust(width)}  {'compatible'.ljust(10)}  {'built'.ljust(7)}  reason")
+    for r in ops["value"]:
+        built = "?" if r.get("built") is None else ("yes" if r["built"] else "no")
+        lines.append(f"{r['name'].ljust(width)}  {('[OKAY]' if r['compatible'] else '[NO]').ljust(10)}  {built.ljust(7)}  {r['reason']}")
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--json``: print the machine-readable report."""
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the report; always exits 0 (failures are shown per item)."""
+    report = collect_report()
+    if args.json:
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(format_report(report))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m dscore.env_report [--json]``."""
+    parser = argparse.ArgumentParser(prog="python -m dscore.env_report", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    logging.basicConfig(level=logging.WARNING, format="[dscore] %(levelname)s %(message)s")
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,463 @@
+"""Spawn and supervise the ranks of one node (the local launch path and the per-node launcher).
+
+One process, no re-exec: the launcher starts each rank directly with :class:`subprocess.Popen`
+(``start_new_session=True``, so every rank leads its own process group) and then blocks in
+``os.waitpid`` - no polling. Policy (DeepSpeed's ``launch.py`` monitors every second and waits 30 s
+before SIGKILL; dscore reacts at once and uses :data:`TERMINATE_GRACE_S`):
+
+* a rank that exits non-zero or dies by a signal is named in an error log line; every other rank's
+  process group receives SIGTERM at once, and SIGKILL after the grace period;
+* SIGINT, SIGTERM and SIGHUP received by the launcher are forwarded to every rank's process group,
+  with the same SIGKILL escalation;
+* the launcher's exit code is the first failing rank's code (128+N for death by signal N), or 128+N
+  when the launcher itself was stopped by signal N;
+* at the end every rank's process group is killed (leftover grandchildren), and on Linux the launcher
+  is a child subreaper, so grandchildren that escaped with ``setsid`` are reparented to it and killed;
+* on Linux every rank has ``PR_SET_PDEATHSIG=SIGKILL``, so even a launcher killed by SIGKILL takes its
+  ranks with it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO
+
+from dscore.errors import LauncherError
+
+__all__ = [
+    "TERMINATE_GRACE_S",
+    "ProcessSpec",
+    "build_rank_processes",
+    "rank_layout",
+    "parse_range_list",
+    "supervise",
+    "become_subreaper",
+    "PidFile",
+]
+
+log = logging.getLogger("dscore.launcher")
+
+#: Seconds between SIGTERM and SIGKILL when stopping ranks.
+TERMINATE_GRACE_S = 5.0
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass
+class ProcessSpec:
+    """One process to start.
+
+    Attributes:
+        argv: the exact argument vector (no shell).
+        env: variables set on top of the launcher's environment.
+        rank: global rank (or the node index for a remote-runner command).
+        local_rank: index on its node.
+        host: host the process belongs to (for messages and the plan).
+        label: how errors name it (``"rank 3"``, ``"node worker-1 (ssh)"``).
+        log_path: file receiving stdout and stderr, or ``None`` to inherit the launcher's.
+        unset: variables removed from the inherited environment.
+        stdin: ``"inherit"`` (the launcher's stdin), ``"devnull"``, or ``"pipe"`` (a pipe the launcher holds
+            open and never writes: it closes when the launcher dies, however it dies - the ssh runner
+            uses this so the remote node launcher notices).
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    rank: int = 0
+    local_rank: int = 0
+    host: str = "localhost"
+    label: str = ""
+    log_path: str | None = None
+    unset: tuple[str, ...] = ()
+    stdin: str = "inherit"
+
+    def name(self) -> str:
+        """The label, or ``"rank N"``."""
+        return self.label or f"rank {self.rank}"
+
+
+def parse_range_list(text: str) -> list[int]:
+    """Parse ``--bind_core_list`` (``"0,2-4,6"`` -> ``[0, 2, 3, 4, 6]``).
+
+    Raises:
+        LauncherError: a malformed item, a descending range, or overlapping/unsorted entries
+            (DeepSpeed: ``ValueError "Bad range"``).
+    """
+    cores: list[int] = []
+    for item in text.split(","):
+        lo, dash, hi = item.strip().partition("-")
+        try:
+            start = int(lo)
+            end = int(hi) if dash else start
+        except ValueError:
+            raise LauncherError(f"--bind_core_list {text!r}: {item!r} is not N or N-M; expected e.g. 0,2-4,6") from None
+        if end < start or (cores and start <= cores[-1]):
+            raise LauncherError(f"--bind_core_list {text!r}: bad range {item!r} (ranges must ascend and not overlap)")
+        cores.extend(range(start, end + 1))
+    return cores
+
+
+def rank_layout(world_info: Mapping[str, Sequence[int]]) -> list[tuple[str, int, int, int]]:
+    """``(host, node_rank, global_rank, local_rank)`` for every slot, host by host in world-info order.
+
+    ``local_rank`` is the index on the node. (DeepSpeed uses ``RANK % procs_on_this_node``, which is
+    wrong on uneven nodes; dscore uses the index.)
+    """
+    out = []
+    rank = 0
+    for node_rank, (host, slots) in enumerate(world_info.items()):
+        for local_rank in range(len(slots)):
+            out.append((host, node_rank, rank, local_rank))
+            rank += 1
+    return out
+
+
+def _core_binding(
+    nprocs: int, local_rank: int, bind_core_list: str | None, environ: Mapping[str, str]
+) -> tuple[list[str], int]:
+    if "KMP_AFFINITY" in environ:
+        raise LauncherError(
+            f"--bind_cores_to_rank conflicts with KMP_AFFINITY={environ['KMP_AFFINITY']!r}; unset KMP_AFFINITY"
+        )
+    cores = parse_range_list(bind_core_list) if bind_core_list else sorted(os.sched_getaffinity(0))
+    per_rank = len(cores) // nprocs
+    if per_rank < 1:
+        raise LauncherError(
+            f"--bind_cores_to_rank: {len(cores)} core(s) ({','.join(map(str, cores))}) cannot be split "
+            f"among {nprocs} ranks on this node; give more cores with --bind_core_list or fewer ranks"
+        )
+    mine = cores[local_rank * per_rank : (local_rank + 1) * per_rank]
+    return ["numactl", "-C", ",".join(map(str, mine))], per_rank
+
+
+def build_rank_processes(
+    world_info: Mapping[str, Sequence[int]],
+    node_rank: int,
+    *,
+    master_addr: str,
+    master_port: int,
+    script: str,
+    script_args: Sequence[str],
+    python: str | None = None,
+    module: bool = False,
+    no_python: bool = False,
+    no_local_rank: bool = False,
+    visible_devices_vars: Sequence[str] = (),
+    each_rank_log: str | None = None,
+    bind_cores_to_rank: bool = False,
+    bind_core_list: str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[ProcessSpec]:
+    """The processes of node ``node_rank``: argv and environment per rank (DeepSpeed ``launch.py`` layout).
+
+    Each rank gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_SIZE`` (and torchrun's
+    ``LOCAL_WORLD_SIZE``), ``CROSS_RANK`` (node rank), ``CROSS_SIZE`` (number of nodes), ``MASTER_ADDR``,
+    ``MASTER_PORT``, each of ``visible_devices_vars`` (comma-joined slot ids of this node), and ``OMP_NUM_THREADS`` when cores are bound. The command is
+    ``[numactl -C cores] python -u [-m] script [--local_rank=N] args`` (``--no_python``: ``script args``).
+
+    Raises:
+        LauncherError: ``--module`` with ``--no_python``, an empty master address, a node rank out of range,
+            a bad per-rank log directory, or an impossible core binding.
+    """
+    environ = os.environ if environ is None else environ
+    if module and no_python:
+        raise LauncherError("--module and --no_python cannot be used together (a module needs python)")
+    if not master_addr:
+        raise LauncherError("the master address is empty; pass --master_addr HOST")
+    hosts = list(world_info)
+    if not 0 <= node_rank < len(hosts):
+        raise LauncherError(f"node rank {node_rank} is out of range: valid values are 0..{len(hosts) - 1}")
+    host = hosts[node_rank]
+    slots = list(world_info[host])
+    layout = [entry for entry in rank_layout(world_info) if entry[1] == node_rank]
+    world_size = sum(len(s) for s in world_info.values())
+    if each_rank_log:
+        if os.path.exists(each_rank_log) and not os.path.isdir(each_rank_log):
+            raise LauncherError(f"--enable_each_rank_log {each_rank_log!r} exists and is not a directory")
+        os.makedirs(each_rank_log, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d%H%M%S")
+    python = python or sys.executable
+    procs = []
+    for _host, _node, rank, local_rank in layout:
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_SIZE": str(len(slots)),
+            "LOCAL_WORLD_SIZE": str(len(slots)),
+            "CROSS_RANK": str(node_rank),
+            "CROSS_SIZE": str(len(hosts)),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+        }
+        for var in visible_devices_vars:
+            env[var] = ",".join(map(str, slots))
+        argv: list[str] = []
+        if bind_cores_to_rank:
+            prefix, per_rank = _core_binding(len(slots), local_rank, bind_core_list, environ)
+            argv += prefix
+            env["OMP_NUM_THREADS"] = str(per_rank)
+        if not no_python:
+            argv += [python, "-u"] + (["-m"] if module else [])
+        argv.append(script)
+        if not no_local_rank:
+            argv.append(f"--local_rank={local_rank}")
+        argv += list(script_args)
+        log_path = os.path.join(each_rank_log, f"{stamp}_rank{rank}.log") if each_rank_log else None
+        procs.append(ProcessSpec(argv=argv, env=env, rank=rank, local_rank=local_rank, host=host, log_path=log_path))
+    return procs
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``).
+
+    Orphaned descendants (grandchildren whose parent died, including ones that called ``setsid``) are
+    then reparented to the launcher, which kills them at the end. Returns False where unsupported.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(36, 1, 0, 0, 0)) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_launcher() -> None:
+    """``preexec_fn`` of every rank: SIGKILL it if the launcher dies (even by SIGKILL) - Linux only."""
+    try:
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _orphans_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[1] == str(pid):
+            found.append(int(entry))
+    return found
+
+
+class PidFile:
+    """``--save_pid``: ``<tmpdir>/<launcher pid>.deepspeed`` holding the launcher pid (DeepSpeed's name).
+
+    Created on enter (it must not exist) and removed on exit, so nothing is left behind.
+
+    Raises:
+        LauncherError: the file already exists.
+    """
+
+    def __init__(self, pid: int | None = None, directory: str | None = None) -> None:
+        self.pid = os.getpid() if pid is None else pid
+        self.path = os.path.join(directory or tempfile.gettempdir(), f"{self.pid}.deepspeed")
+
+    def __enter__(self) -> PidFile:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            raise LauncherError(f"--save_pid: {self.path} already exists; remove it or stop the other job") from None
+        with os.fdopen(fd, "w") as fh:
+            fh.write(f"{self.pid}\n")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+def _describe(status: int) -> tuple[int, str]:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return 128 + sig, f"was killed by {name}"
+    code = os.waitstatus_to_exitcode(status)
+    return code, f"exited with code {code}"
+
+
+class _Supervisor:
+    def __init__(self, specs: Sequence[ProcessSpec], grace_s: float) -> None:
+        self.specs = list(specs)
+        self.grace_s = grace_s
+        self.live: dict[int, tuple[ProcessSpec, subprocess.Popen[bytes]]] = {}
+        self.groups: list[int] = []
+        self.stopping = False
+        self.killed = False
+        self.exit_code = 0
+        self.launcher_signal: int | None = None
+
+    # Signal handlers run in the main thread between bytecodes; os.waitpid is retried afterwards (PEP 475).
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.launcher_signal is None:
+            self.launcher_signal = signum
+            log.warning(
+                "launcher received %s; forwarding it to %d rank(s)", signal.Signals(signum).name, len(self.live)
+            )
+        self.stop(signum)
+
+    def on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        if self.live:
+            log.warning(
+                "%d process(es) still running %.1f s after being asked to stop; sending SIGKILL: %s",
+                len(self.live),
+                self.grace_s,
+                ", ".join(spec.name() for spec, _ in self.live.values()),
+            )
+        self.killed = True
+        self._signal_groups(signal.SIGKILL, list(self.live))
+
+    def stop(self, signum: int) -> None:
+        self._signal_groups(signum, list(self.live))
+        if not self.stopping:
+            self.stopping = True
+            signal.setitimer(signal.ITIMER_REAL, self.grace_s)
+
+    @staticmethod
+    def _signal_groups(signum: int, pgids: Sequence[int]) -> None:
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def spawn(self, spec: ProcessSpec) -> None:
+        env = dict(os.environ)
+        for name in spec.unset:
+            env.pop(name, None)
+        env.update(spec.env)
+        out: IO[bytes] | None = open(spec.log_path, "ab") if spec.log_path else None  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(
+                spec.argv,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                stdin={"devnull": subprocess.DEVNULL, "pipe": subprocess.PIPE}.get(spec.stdin),
+                start_new_session=True,
+                preexec_fn=_die_with_launcher if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+            )
+        except OSError as exc:
+            raise LauncherError(f"cannot start {spec.name()}: {spec.argv[0]!r}: {exc.strerror or exc}") from exc
+        finally:
+            if out is not None:
+                out.close()
+        self.live[proc.pid] = (spec, proc)
+        self.groups.append(proc.pid)
+        log.debug("started %s (pid %d): %s", spec.name(), proc.pid, spec.argv)
+
+    def run(self) -> int:
+        try:
+            for spec in self.specs:
+                if self.stopping:
+                    break
+                self.spawn(spec)
+        except LauncherError as exc:
+            log.error("%s; stopping the %d process(es) already started", exc, len(self.live))
+            self.exit_code = 1
+            self.stop(signal.SIGTERM)
+        while self.live:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            entry = self.live.pop(pid, None)
+            if entry is None:
+                continue  # an orphaned grandchild reparented to us (subreaper): reaped
+            spec, proc = entry
+            code, how = _describe(status)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            self._signal_groups(signal.SIGKILL, [pid])  # leftovers of that rank's group
+            if code != 0 and not self.stopping:
+                self.exit_code = code
+                log.error(
+                    "%s (pid %d, host %s) %s; terminating the other %d process(es)",
+                    spec.name(),
+                    pid,
+                    spec.host,
+                    how,
+                    len(self.live),
+                )
+                self.stop(signal.SIGTERM)
+            elif code != 0:
+                log.info("%s (pid %d) %s", spec.name(), pid, how)
+        if self.launcher_signal is not None and self.exit_code == 0:
+            self.exit_code = 128 + self.launcher_signal
+        return self.exit_code
+
+    def cleanup(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        self._signal_groups(signal.SIGKILL, self.groups)
+        self._signal_groups(signal.SIGKILL, list(self.live))
+        for pid, (_, proc) in list(self.live.items()):
+            proc.wait()
+            self.live.pop(pid, None)
+        for _ in range(50):
+            orphans = _orphans_of(os.getpid())
+            if not orphans:
+                break
+            for pid in orphans:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    break
+                if pid == 0:
+                    time.sleep(0.01)
+
+
+def supervise(specs: Sequence[ProcessSpec], *, grace_s: float = TERMINATE_GRACE_S) -> int:
+    """Start ``specs`` and wait for all of them; returns the job's exit code.
+
+    Must run in the main thread of a process that owns no other children (it reaps with
+    ``os.waitpid(-1)`` and installs SIGINT/SIGTERM/SIGHUP/SIGALRM handlers, restored on return): the
+    ``dscore run`` process or the per-node launcher.
+
+    Args:
+        specs: processes to start, in order.
+        grace_s: seconds from SIGTERM to SIGKILL when stopping.
+
+    Returns:
+        0 when every process exited 0; else the first failing process's code (128+N for signal N), or
+        128+N when the launcher was stopped by signal N; 1 when a process could not be started.
+    """
+    sup = _Supervisor(specs, grace_s)
+    previous = {sig: signal.signal(sig, sup.on_signal) for sig in _FORWARDED}
+    previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, sup.on_alarm)
+    try:
+        return sup.run()
+    finally:
+        sup.cleanup()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

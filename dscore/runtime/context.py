@@ -1,0 +1,63 @@
+"""The current :class:`~dscore.runtime.runtime.Runtime`, held in a ``contextvars.ContextVar``.
+
+Deep code (a ZeRO stage, an op, a checkpoint helper) reads the runtime that ``dscore.initialize`` made
+current instead of a module-level singleton. A context variable follows ``asyncio`` tasks and
+``contextvars.copy_context()``; a plain new thread starts without one (use ``use_runtime`` there).
+This module imports neither torch nor any plugin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from dscore.errors import DscoreError
+
+if TYPE_CHECKING:
+    from dscore.runtime.runtime import Runtime
+
+__all__ = ["current_runtime", "peek_runtime", "reset_runtime", "set_runtime", "use_runtime"]
+
+_CURRENT: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("dscore_runtime", default=None)
+
+
+def current_runtime() -> Runtime:
+    """The runtime made current by ``dscore.initialize`` (or :func:`use_runtime`).
+
+    Raises:
+        DscoreError: none is current; the message says how to make one.
+    """
+    runtime = _CURRENT.get()
+    if runtime is None:
+        raise DscoreError(
+            "no dscore runtime is active in this context: call dscore.initialize(...) first, or wrap the code in "
+            "`with dscore.runtime.context.use_runtime(runtime):` (new threads start without one)"
+        )
+    return runtime
+
+
+def peek_runtime() -> Runtime | None:
+    """The current runtime, or ``None`` when none is set (never raises)."""
+    return _CURRENT.get()
+
+
+def set_runtime(runtime: Runtime | None) -> contextvars.Token[Runtime | None]:
+    """Make ``runtime`` current until :func:`reset_runtime` is given the returned token."""
+    return _CURRENT.set(runtime)
+
+
+def reset_runtime(token: contextvars.Token[Runtime | None]) -> None:
+    """Restore the runtime that was current before the matching :func:`set_runtime`."""
+    _CURRENT.reset(token)
+
+
+@contextlib.contextmanager
+def use_runtime(runtime: Runtime) -> Iterator[Runtime]:
+    """Make ``runtime`` current inside the ``with`` block; the previous one is restored afterwards."""
+    token = _CURRENT.set(runtime)
+    try:
+        yield runtime
+    finally:
+        _CURRENT.reset(token)

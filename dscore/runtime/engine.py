@@ -1,0 +1,563 @@
+"""The training engine returned by :func:`dscore.initialize`.
+
+:class:`DscoreEngine` owns the training-loop bookkeeping and mirrors ``deepspeed.DeepSpeedEngine``
+(``deepspeed/runtime/engine.py``): it wraps the user's module, counts micro steps and optimizer steps,
+knows the gradient accumulation boundary, drives the LR scheduler, logs progress and feeds monitors.
+Everything about gradients and parameters between ``backward`` and the optimizer step is delegated to a
+ZeRO-stage plugin (:class:`dscore.runtime.zero_api.ZeroStage`; stage 0 is plain data parallelism), so
+there is one code path for every stage.
+
+Semantics (DeepSpeed 0.19.8):
+
+* ``engine(*args, **kwargs)`` calls the module.
+* ``backward(loss)`` divides the loss by ``gradient_accumulation_steps`` (``scale_wrt_gas``), multiplies
+  it by the loss scale (fp16) and hands it to the stage, which accumulates gradients and, at the
+  boundary, averages them over the data-parallel group. Returns ``loss / gradient_accumulation_steps``.
+* ``step()`` is a no-op off the boundary (only ``micro_steps`` advances). At the boundary the stage
+  unscales, checks overflow, clips to ``gradient_clipping`` by the global norm, steps the optimizer and
+  zeroes gradients; the engine steps the LR scheduler **only when the step was applied**, and counts
+  ``global_steps`` (skipped steps included), ``global_samples`` (+= ``train_batch_size``) and
+  ``skipped_steps``. ``micro_steps`` advances on every ``step()`` call.
+* The boundary is ``(micro_steps + 1) % gradient_accumulation_steps == 0`` unless set with
+  :meth:`set_gradient_accumulation_boundary` (the value then sticks). With
+  ``managed_gradient_accumulation: false`` the caller owns boundaries: every ``step()`` is a boundary,
+  :meth:`is_gradient_accumulation_boundary` is true only while ``step()`` runs (or when set explicitly),
+  and ``global_samples`` grows by ``train_batch_size // gradient_accumulation_steps`` per ``backward``.
+
+Checkpoint-facing state (for :mod:`dscore.checkpoint`): :meth:`counters_state` /
+:meth:`load_counters_state`, :attr:`lr_scheduler`, :attr:`zero_stage_impl` (``state_dict``,
+``load_state_dict``, ``module_state_dict``, ``load_module_state_dict``), :attr:`loss_scaler`,
+:attr:`data_sampler_state` / :meth:`load_data_sampler_state`, :meth:`rng_state` /
+:meth:`load_rng_state`, and :meth:`state_for_checkpoint` bundling them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from dscore.errors import DscoreError
+from dscore.runtime.logging_utils import log_rank0
+from dscore.runtime.timers import PhaseTimers
+from dscore.runtime.zero_api import LossScaler, PrecisionMode, ZeroStage
+
+__all__ = ["DscoreEngine", "EngineError"]
+
+log = logging.getLogger("dscore.runtime.engine")
+
+FORWARD, BACKWARD, STEP = "forward", "backward", "step"
+
+
+class EngineError(DscoreError, RuntimeError):
+    """The engine was used in a way it does not support (backward without an optimizer, step inside
+    ``no_sync``, a non-scalar loss, ...)."""
+
+
+class DscoreEngine(torch.nn.Module):
+    """The object ``dscore.initialize`` returns first; use it like the model plus an optimizer.
+
+    Built by :func:`dscore.runtime.initialize.initialize`; the constructor only wires already-built parts.
+
+    Args:
+        module: the user's model (on the device, cast by the precision mode).
+        config: the validated :class:`dscore.config.DscoreConfig`.
+        runtime: the :class:`dscore.runtime.runtime.Runtime` of this engine (plugin manager, registry,
+            accelerator, comm).
+        zero_stage: the ZeRO stage object owning gradients and the optimizer step.
+        precision: the precision mode.
+        loss_scaler: the loss scaler (fp16) or None.
+        lr_scheduler: the LR scheduler or None.
+        training_dataloader: the :class:`dscore.runtime.dataloader.DscoreDataLoader` or None.
+        monitors: monitor objects (``write_events``, ``close``) created on rank 0.
+        rank / dp_world_size: this process's global rank and the data-parallel world size.
+
+    Attributes:
+        micro_steps, global_steps, global_samples, skipped_steps: the DeepSpeed counters (ints, start 0).
+    """
+
+    def __init__(
+        self,
+        *,
+        module: torch.nn.Module,
+        config: Any,
+        runtime: Any,
+        zero_stage: ZeroStage,
+        precision: PrecisionMode,
+        loss_scaler: LossScaler | None,
+        lr_scheduler: Any,
+        training_dataloader: Any,
+        monitors: list[Any],
+        rank: int,
+        dp_world_size: int,
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.config = config
+        self.runtime = runtime
+        self.zero_stage_impl = zero_stage
+        self.precision = precision
+        self.loss_scaler = loss_scaler
+        self.lr_scheduler = lr_scheduler
+        self.training_dataloader = training_dataloader
+        self.monitors = list(monitors)
+        self.global_rank = rank
+        self.dp_world_size = dp_world_size
+
+        self.micro_steps = 0
+        self.global_steps = 0
+        self.global_samples = 0
+        self.skipped_steps = 0
+
+        self._gas = int(config.gradient_accumulation_steps)
+        self._train_batch_size = int(config.train_batch_size)
+        self._micro_batch_size = int(config.train_micro_batch_size_per_gpu)
+        self._managed = bool(getattr(config, "managed_gradient_accumulation", True))
+        self._boundary_override: bool | None = None
+        self._inside_step = False
+        self._in_no_sync = False
+        self._step_applied = False
+        self._global_grad_norm: float | torch.Tensor | None = None
+        self._backwards_since_step = 0
+
+        self._steps_per_print = getattr(config, "steps_per_print", None) or 0
+        fp16 = config.section("fp16") if hasattr(config, "section") else None
+        self._auto_cast_dtype = precision.compute_dtype if getattr(fp16, "auto_cast", False) else None
+        self._timers = (
+            PhaseTimers(self._synchronize) if bool(getattr(config, "wall_clock_breakdown", False)) else None
+        )
+        # Losses are accumulated (as tensors, no device sync) only when someone reads them.
+        self._track_loss = rank == 0 and (bool(self._steps_per_print) or bool(self.monitors))
+        self._step_loss: torch.Tensor | None = None
+        self._window_loss_sum = 0.0
+        self._window_steps = 0
+        self._window_start = time.perf_counter()
+        self._window_samples = 0
+        pm = getattr(runtime, "plugin_manager", None)
+        self._pm = pm
+        self._after_step_hook = bool(pm is not None and pm.has_implementations("dscore_after_optimizer_step"))
+
+    # ------------------------------------------------------------------ attribute fall-through
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is not None and name != "module":
+                return getattr(module, name)
+            raise
+
+    # ------------------------------------------------------------------ properties / config accessors
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The optimizer the ZeRO stage steps (None when training without one)."""
+        return self.zero_stage_impl.optimizer
+
+    @property
+    def accelerator(self) -> Any:
+        """The runtime's accelerator."""
+        return self.runtime.accelerator
+
+    @property
+    def device(self) -> torch.device:
+        """The device the module lives on."""
+        return self.runtime.accelerator.device()
+
+    def gradient_accumulation_steps(self) -> int:
+        """``gradient_accumulation_steps`` of the config."""
+        return self._gas
+
+    def train_batch_size(self) -> int:
+        """``train_batch_size`` (samples per optimizer step over all data-parallel ranks)."""
+        return self._train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        """``train_micro_batch_size_per_gpu``."""
+        return self._micro_batch_size
+
+    def zero_optimization_stage(self) -> int:
+        """The ZeRO stage number in use."""
+        return int(type(self.zero_stage_impl).stage)
+
+    def _synchronize(self) -> None:
+        self.runtime.accelerator.synchronize()
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the module. With ``fp16.auto_cast`` floating-point tensor inputs are cast to fp16 first."""
+        if self._auto_cast_dtype is not None:
+            args, kwargs = _cast_inputs(args, kwargs, self._auto_cast_dtype)
+        if self._timers is None:
+            return self.module(*args, **kwargs)
+        self._timers.start(FORWARD)
+        out = self.module(*args, **kwargs)
+        self._timers.stop(FORWARD)
+        return out
+
+    # ------------------------------------------------------------------ boundaries
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """True when the current micro step ends a gradient accumulation window (see module docstring)."""
+        if self._boundary_override is not None:
+            return self._boundary_override
+        if not self._managed:
+            return self._inside_step
+        return (self.micro_steps + 1) % self._gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Override the boundary decision; the value sticks until set again (DeepSpeed behaviour).
+
+        Needed with ``managed_gradient_accumulation: false`` when gradients must be reduced in the last
+        ``backward`` of a window rather than in ``step()``.
+        """
+        self._boundary_override = bool(is_boundary)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Inside, ``backward`` accumulates gradients locally without communication; ``step`` is refused.
+
+        Raises:
+            EngineError: with ZeRO stage 2 or 3 (gradients are partitioned) or when re-entered.
+        """
+        if self.zero_optimization_stage() >= 2:
+            raise EngineError(
+                f"no_sync() cannot be used with ZeRO stage {self.zero_optimization_stage()}: "
+                "gradient partitioning needs the reduction at every backward"
+            )
+        if self._in_no_sync:
+            raise EngineError("no_sync() is already active; re-entering it is not supported")
+        self._in_no_sync = True
+        try:
+            yield
+        finally:
+            self._in_no_sync = False
+
+    # ------------------------------------------------------------------ backward / step
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """Backward for one micro step.
+
+        Args:
+            loss: a scalar tensor (any float dtype) from the forward pass.
+            retain_graph: keep the autograd graph (as ``torch.Tensor.backward``).
+            scale_wrt_gas: divide by ``gradient_accumulation_steps`` first (DeepSpeed default).
+
+        Returns:
+            ``loss / gradient_accumulation_steps`` (not multiplied by the loss scale).
+
+        Raises:
+            EngineError: there is no optimizer, or ``loss`` is not a scalar.
+        """
+        if self.zero_stage_impl.optimizer is None:
+            raise EngineError("engine.backward() needs an optimizer: pass optimizer= or set optimizer.type in ds_config")
+        if loss.dim() != 0:
+            raise EngineError(f"engine.backward() needs a scalar loss, got a tensor of shape {tuple(loss.shape)}")
+        timers = self._timers
+        if timers is not None:
+            timers.start(BACKWARD)
+        scaled = loss / self._gas if scale_wrt_gas and self._gas != 1 else loss
+        if self._track_loss:
+            detached = scaled.detach().float()
+            self._step_loss = detached if self._step_loss is None else self._step_loss + detached
+        to_backward = scaled
+        if self.loss_scaler is not None:
+            to_backward = scaled * self.loss_scaler.loss_scale
+        boundary = self.is_gradient_accumulation_boundary()
+        if retain_graph:
+            self.zero_stage_impl.backward(to_backward, boundary=boundary, sync=not self._in_no_sync, retain_graph=True)
+        else:
+            self.zero_stage_impl.backward(to_backward, boundary=boundary, sync=not self._in_no_sync)
+        self._backwards_since_step += 1
+        if timers is not None:
+            timers.stop(BACKWARD)
+        return scaled
+
+    def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
+        """Advance one micro step; at the boundary run the optimizer step (see module docstring).
+
+        Args:
+            lr_kwargs: keyword arguments for ``lr_scheduler.step`` (DeepSpeed passes them through).
+
+        Raises:
+            EngineError: inside ``no_sync()`` or without an optimizer.
+        """
+        if self._in_no_sync:
+            raise EngineError("engine.step() is not allowed inside no_sync(); leave the context first")
+        if self.zero_stage_impl.optimizer is None:
+            raise EngineError("engine.step() needs an optimizer: pass optimizer= or set optimizer.type in ds_config")
+        self._step_applied = False
+        boundary = True if not self._managed and self._boundary_override is None else None
+        self._inside_step = True
+        try:
+            if boundary is None:
+                boundary = self.is_gradient_accumulation_boundary()
+            if boundary:
+                self._take_step(lr_kwargs)
+        finally:
+            self._inside_step = False
+        self.micro_steps += 1
+
+    def _take_step(self, lr_kwargs: dict[str, Any] | None) -> None:
+        timers = self._timers
+        if timers is not None:
+            timers.start(STEP)
+        outcome = self.zero_stage_impl.step()
+        self._global_grad_norm = outcome.global_grad_norm
+        if outcome.applied:
+            self._step_applied = True
+            if self.lr_scheduler is not None:
+                if lr_kwargs:
+                    self.lr_scheduler.step(**lr_kwargs)
+                else:
+                    self.lr_scheduler.step()
+        else:
+            self.skipped_steps += 1
+        self.global_steps += 1
+        if self._managed:
+            self.global_samples += self._train_batch_size
+        else:
+            self.global_samples += (self._train_batch_size // self._gas) * self._backwards_since_step
+        self._backwards_since_step = 0
+        if timers is not None:
+            timers.stop(STEP)
+        if self._track_loss:
+            self._report()
+        if self._after_step_hook:
+            self._pm.call("dscore_after_optimizer_step", engine=self, step_applied=outcome.applied)
+
+    def zero_grad(self) -> None:
+        """Drop accumulated gradients without stepping."""
+        self.zero_stage_impl.zero_grad()
+
+    # ------------------------------------------------------------------ queries
+    def was_step_applied(self) -> bool:
+        """True iff the last ``step()`` updated the parameters (false off the boundary and on overflow)."""
+        return self._step_applied
+
+    def get_lr(self) -> list[float]:
+        """The ``lr`` of every optimizer parameter group (0.0 for a group without one); [] without optimizer."""
+        opt = self.optimizer
+        if opt is None:
+            return []
+        return [float(g.get("lr", 0.0)) for g in opt.param_groups]
+
+    def get_mom(self) -> list[Any]:
+        """``momentum`` (SGD/RMSprop style) or ``betas`` of every parameter group."""
+        opt = self.optimizer
+        if opt is None:
+            return []
+        return [g.get("momentum", g.get("betas")) for g in opt.param_groups]
+
+    def get_global_grad_norm(self) -> float | None:
+        """The unscaled global gradient L2 norm of the last applied step (before clipping), or None."""
+        norm = self._global_grad_norm
+        if isinstance(norm, torch.Tensor):
+            norm = float(norm)
+            self._global_grad_norm = norm
+        return norm
+
+    def get_loss_scale(self) -> float:
+        """The current loss scale (1.0 without fp16)."""
+        return float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
+
+    # ------------------------------------------------------------------ logging and monitors
+    def _report(self) -> None:
+        step_loss = self._step_loss
+        self._step_loss = None
+        if step_loss is None:
+            return
+        if self.monitors:
+            loss_value = float(step_loss)
+            self._window_loss_sum += loss_value
+            events = [
+                ("Train/Samples/train_loss", loss_value, self.global_samples),
+                ("Train/Samples/lr", (self.get_lr() or [0.0])[0], self.global_samples),
+            ]
+            if self.loss_scaler is not None:
+                events.append(("Train/Samples/loss_scale", self.get_loss_scale(), self.global_samples))
+            for monitor in self.monitors:
+                monitor.write_events(events)
+        elif self._steps_per_print:
+            # keep the window sum on the device; read it only at a print step
+            self._window_loss_sum = self._window_loss_sum + step_loss  # type: ignore[assignment]
+        self._window_steps += 1
+        if self._steps_per_print and self.global_steps % self._steps_per_print == 0:
+            self._print_progress()
+
+    def _print_progress(self) -> None:
+        now = time.perf_counter()
+        elapsed = max(now - self._window_start, 1e-9)
+        samples = self.global_samples - self._window_samples
+        mean_loss = float(self._window_loss_sum) / max(1, self._window_steps)
+        log_rank0(
+            log,
+            self.global_rank,
+            "step=%d skipped=%d loss=%.6f lr=%s loss_scale=%g samples/s=%.1f",
+            self.global_steps,
+            self.skipped_steps,
+            mean_loss,
+            [f"{lr:.3e}" for lr in self.get_lr()],
+            self.get_loss_scale(),
+            samples / elapsed,
+        )
+        if self._timers is not None:
+            times = self._timers.mean_ms()
+            log_rank0(
+                log,
+                self.global_rank,
+                "time (ms/call): " + " | ".join(f"{k}: {v:.2f}" for k, v in times.items()),
+            )
+        self._window_start = now
+        self._window_samples = self.global_samples
+        self._window_loss_sum = 0.0
+        self._window_steps = 0
+
+    def close_monitors(self) -> None:
+        """Flush and close every monitor (called by ``destroy``)."""
+        for monitor in self.monitors:
+            monitor.close()
+        self.monitors = []
+        self._track_loss = self.global_rank == 0 and bool(self._steps_per_print)
+
+    def destroy(self) -> None:
+        """Release what the engine opened (monitors). The process group belongs to the runtime."""
+        self.close_monitors()
+
+    # ------------------------------------------------------------------ checkpoint-facing state
+    def counters_state(self) -> dict[str, int]:
+        """``{"global_steps", "global_samples", "skipped_steps", "micro_steps"}`` as ints."""
+        return {
+            "global_steps": self.global_steps,
+            "global_samples": self.global_samples,
+            "skipped_steps": self.skipped_steps,
+            "micro_steps": self.micro_steps,
+        }
+
+    def load_counters_state(self, state: dict[str, Any]) -> None:
+        """Restore counters saved by :meth:`counters_state`.
+
+        ``global_samples`` falls back to ``global_steps * train_batch_size`` (DeepSpeed) and
+        ``micro_steps`` to ``global_steps * gradient_accumulation_steps`` when absent.
+        """
+        self.global_steps = int(state.get("global_steps", 0))
+        self.global_samples = int(state.get("global_samples", self.global_steps * self._train_batch_size))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self.micro_steps = int(state.get("micro_steps", self.global_steps * self._gas))
+        self._window_samples = self.global_samples
+
+    @property
+    def data_sampler_state(self) -> dict[str, int] | None:
+        """Position of the training data loader: ``{"epoch", "batches_consumed"}`` (see
+        :class:`dscore.runtime.dataloader.DscoreDataLoader`), or None without ``training_data``."""
+        loader = self.training_dataloader
+        return loader.state_dict() if loader is not None else None
+
+    def load_data_sampler_state(self, state: dict[str, Any] | None) -> None:
+        """Restore :attr:`data_sampler_state`; the next ``iter(engine.training_dataloader)`` resumes there."""
+        if state is not None and self.training_dataloader is not None:
+            self.training_dataloader.load_state_dict(state)
+
+    def rng_state(self) -> dict[str, Any]:
+        """Python, torch CPU and accelerator RNG states (``accelerator`` is None on a CPU accelerator)."""
+        accel_state = None
+        accel = self.runtime.accelerator
+        if getattr(accel, "device_type", "cpu") != "cpu":
+            accel_state = accel.get_rng_state()
+        return {"python": random.getstate(), "torch": torch.get_rng_state(), "accelerator": accel_state}
+
+    def load_rng_state(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`rng_state` returned (missing entries are left alone)."""
+        if state.get("python") is not None:
+            random.setstate(state["python"])
+        if state.get("torch") is not None:
+            torch.set_rng_state(state["torch"])
+        if state.get("accelerator") is not None:
+            self.runtime.accelerator.set_rng_state(state["accelerator"])
+
+    def state_for_checkpoint(self) -> dict[str, Any]:
+        """Everything the engine itself owns, for :mod:`dscore.checkpoint`.
+
+        Returns:
+            ``{"counters": counters_state(), "lr_scheduler": state dict or None, "loss_scaler": state
+            dict or None, "data_sampler": data_sampler_state, "rng": rng_state(), "zero_stage":
+            zero_stage_impl.stage, "dp_world_size": int}``. Module and optimizer state come from
+            :attr:`zero_stage_impl` (``module_state_dict()``, ``state_dict()``), which may run collectives.
+        """
+        return {
+            "counters": self.counters_state(),
+            "lr_scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
+            "loss_scaler": self.loss_scaler.state_dict() if self.loss_scaler is not None else None,
+            "data_sampler": self.data_sampler_state,
+            "rng": self.rng_state(),
+            "zero_stage": self.zero_optimization_stage(),
+            "dp_world_size": self.dp_world_size,
+        }
+
+    def load_state_from_checkpoint(self, state: dict[str, Any], *, load_lr_scheduler_states: bool = True) -> None:
+        """Restore what :meth:`state_for_checkpoint` returned (counters, scheduler, scaler, sampler, RNG)."""
+        if state.get("counters") is not None:
+            self.load_counters_state(state["counters"])
+        if load_lr_scheduler_states and self.lr_scheduler is not None and state.get("lr_scheduler") is not None:
+            self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        if self.loss_scaler is not None and state.get("loss_scaler") is not None:
+            self.loss_scaler.load_state_dict(state["loss_scaler"])
+        self.load_data_sampler_state(state.get("data_sampler"))
+        if state.get("rng") is not None:
+            self.load_rng_state(state["rng"])
+
+    # ------------------------------------------------------------------ checkpoint API (delegates)
+    def save_checkpoint(
+        self, save_dir: str, tag: str | None = None, client_state: dict[str, Any] | None = None, save_latest: bool = True
+    ) -> bool:
+        """Save a checkpoint on every rank (see :func:`dscore.checkpoint.save_checkpoint`). Returns True."""
+        from dscore import checkpoint
+
+        return checkpoint.save_checkpoint(
+            self, save_dir, tag=tag, client_state=client_state if client_state is not None else {}, save_latest=save_latest
+        )
+
+    def load_checkpoint(
+        self,
+        load_dir: str,
+        tag: str | None = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+    ) -> tuple[str | None, dict[str, Any] | None]:
+        """Load a checkpoint (see :func:`dscore.checkpoint.load_checkpoint`); returns ``(path, client_state)``."""
+        from dscore import checkpoint
+
+        return checkpoint.load_checkpoint(
+            self,
+            load_dir,
+            tag=tag,
+            load_module_strict=load_module_strict,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_lr_scheduler_states,
+            load_module_only=load_module_only,
+        )
+
+    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin") -> bool:
+        """Write the module's 16-bit (or fp32) weights (see :func:`dscore.checkpoint.save_16bit_model`)."""
+        from dscore import checkpoint
+
+        return checkpoint.save_16bit_model(self, save_dir, save_filename=save_filename)
+
+    save_fp16_model = save_16bit_model
+
+
+def _cast_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def cast(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.to(dtype)
+        if isinstance(value, (list, tuple)):
+            return type(value)(cast(v) for v in value)
+        if isinstance(value, dict):
+            return {k: cast(v) for k, v in value.items()}
+        return value
+
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}

@@ -1,0 +1,383 @@
+"""``dscore.initialize``: validate the config, build the runtime, assemble the engine from the registry.
+
+Order of work (DeepSpeed ``deepspeed/__init__.py::initialize`` initialises torch.distributed *before*
+validating the config; dscore validates first so a bad ds_config fails fast without touching the
+network, using the world size from the environment discovery of :mod:`dscore.comm.env`, or from an
+already initialised process group):
+
+1. check ``model`` and find the config (``config`` / ``config_params`` / ``args.deepspeed_config`` /
+   deprecated ``args.deepscale_config``);
+2. plugin manager with the config's ``plugins.disable``; ``check_healthy()``; registry; ``load_config``;
+3. :meth:`dscore.runtime.runtime.Runtime.create` (accelerator, ``init_distributed``, plugin fingerprint
+   check across ranks);
+4. ``dscore_configure`` hook; precision mode (the ``PrecisionSpec`` whose ``config_key`` block is
+   enabled, else the default one); module to the device and cast;
+5. optimizer (client instance / callable / ``optimizer.type``); ZeRO stage object
+   (``registry.zero_stage(config.zero_stage)``); LR scheduler over ``zero_stage.optimizer``;
+6. training data loader; monitors (rank 0, every enabled block); ``dscore_engine_created`` hook.
+
+Returns ``(engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler)`` like DeepSpeed.
+Nothing is cached between calls: two ``initialize`` calls in one process build two independent engines
+(they share the default process group once it exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from dscore.errors import ConfigError, DscoreError
+from dscore.plugin_manager import create_plugin_manager
+from dscore.registry import Registry
+from dscore.runtime.dataloader import DscoreDataLoader
+from dscore.runtime.engine import DscoreEngine
+from dscore.runtime.optimizer_builder import build_lr_scheduler, choose_optimizer
+from dscore.runtime.zero_api import PrecisionMode, ZeroStage, ZeroStageContext
+from dscore.specs import MonitorSpec, PrecisionSpec, resolve
+
+__all__ = ["initialize", "InitializeError"]
+
+log = logging.getLogger("dscore.runtime.initialize")
+
+
+class InitializeError(DscoreError, ValueError):
+    """``dscore.initialize`` was called with arguments it cannot use (no model, no config, two configs)."""
+
+
+def initialize(
+    args: argparse.Namespace | None = None,
+    model: torch.nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None,
+    model_parameters: Iterable[Any] | None = None,
+    training_data: torch.utils.data.Dataset[Any] | None = None,
+    lr_scheduler: Any = None,
+    distributed_port: int = 29500,
+    mpu: Any = None,
+    dist_init_required: bool | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    config: Any = None,
+    config_params: Any = None,
+    *,
+    strict: bool | None = None,
+) -> tuple[DscoreEngine, Any, Any, Any]:
+    """Build a training engine (DeepSpeed's ``deepspeed.initialize`` signature).
+
+    Args:
+        args: an :class:`argparse.Namespace` carrying ``deepspeed_config`` (or the deprecated
+            ``deepscale_config``), e.g. from :func:`dscore.add_config_arguments`.
+        model: the :class:`torch.nn.Module` to train (required; pass it by keyword).
+        optimizer: a ``torch.optim.Optimizer`` instance or ``callable(param_groups) -> optimizer``.
+        model_parameters: the parameters (or parameter-group dicts) to train; default: the model's
+            parameters with ``requires_grad``.
+        training_data: a map-style dataset; the engine builds a sharded loader over it.
+        lr_scheduler: a scheduler instance or ``callable(optimizer) -> scheduler``.
+        distributed_port: rendezvous port when the environment does not give ``MASTER_PORT``.
+        mpu: model-parallel unit; not supported yet (only data parallelism).
+        dist_init_required: None = create the process group when none exists; False = one must exist.
+        collate_fn: merges samples into a batch for the training loader.
+        config: ds_config as a dict, a path, or url-safe base64 text.
+        config_params: used only when ``config`` is None (DeepSpeed's legacy name).
+        strict: dscore only: forwarded to :func:`dscore.config.load_config` (False = unknown keys warn).
+
+    Returns:
+        ``(engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler)``. The optimizer is
+        None when there is neither a client optimizer nor ``optimizer.type``, the ZeRO stage is 0 and
+        bf16 is off; the loader is None without ``training_data``; the scheduler is None without
+        ``scheduler.type`` or a client scheduler, and always without an optimizer.
+
+    Raises:
+        InitializeError: no model, no config, or configs from two sources.
+        ConfigError: the config is invalid (raised before any process-group work).
+        PluginValidationError / PluginLoadError / ComponentNotFoundError: a plugin is broken or missing.
+        DistributedError: the process group cannot be created or ranks run different plugins.
+    """
+    if model is None:
+        hint = ""
+        if isinstance(args, torch.nn.Module):
+            hint = " (the first positional argument is `args`; call dscore.initialize(model=model, ...))"
+        raise InitializeError(f"dscore.initialize requires a model{hint}")
+    if not isinstance(model, torch.nn.Module):
+        raise InitializeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if mpu is not None:
+        raise InitializeError(
+            "mpu= (model parallelism) is not supported by dscore yet; only data parallelism is available"
+        )
+
+    # 1-2. config, validated before any process-group work
+    from dscore.config import load_config
+    from dscore.config.loader import read_source
+
+    source = _config_source(args, config, config_params)
+    data, source_name, source_warnings = read_source(source)
+    for message in source_warnings:
+        log.warning("%s", message)
+    disable = _raw_disable_list(data)
+    manager = create_plugin_manager(disable=disable)
+    manager.check_healthy()
+    registry = Registry(manager)
+    world_size, world_source = _data_parallel_world_size(distributed_port)
+    cfg = load_config(
+        data,
+        world_size=world_size,
+        registry=registry,
+        strict=strict,
+        source_name=source_name,
+        world_size_source=world_source,
+    )
+    if cfg.pending_auto:
+        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+        cfg = cfg.resolve_model_auto(hidden)  # raises ConfigError naming the paths when unknown
+
+    # 3. runtime: accelerator, process group, plugin fingerprint check
+    from dscore.runtime.runtime import Runtime
+
+    runtime = Runtime.create(
+        config=cfg,
+        plugin_manager=manager,
+        registry=registry,
+        distributed_port=distributed_port,
+        dist_init_required=dist_init_required,
+    )
+    from dscore.runtime.context import use_runtime
+
+    with use_runtime(runtime):
+        return _assemble(
+            runtime,
+            cfg,
+            model=model,
+            client_optimizer=optimizer,
+            model_parameters=model_parameters,
+            training_data=training_data,
+            client_lr_scheduler=lr_scheduler,
+            collate_fn=collate_fn,
+        )
+
+
+def _assemble(
+    runtime: Any,
+    cfg: Any,
+    *,
+    model: torch.nn.Module,
+    client_optimizer: Any,
+    model_parameters: Iterable[Any] | None,
+    training_data: Any,
+    client_lr_scheduler: Any,
+    collate_fn: Any,
+) -> tuple[DscoreEngine, Any, Any, Any]:
+    manager, registry, accelerator, comm = runtime.plugin_manager, runtime.registry, runtime.accelerator, runtime.comm
+    manager.call("dscore_configure", config=cfg)
+    rank = int(comm.get_rank())
+    dp_world = int(comm.get_world_size())
+
+    # 4. precision and module placement
+    precision = _select_precision(cfg, registry)
+    _check_device_dtype(precision, accelerator)
+    model.to(accelerator.device())
+    module = precision.prepare_module(model) or model
+    stage_number = int(cfg.zero_stage)
+    loss_scaler = precision.make_loss_scaler(zero_stage=stage_number)
+
+    # 5. optimizer, ZeRO stage, scheduler
+    param_groups = _param_groups(module, model_parameters)
+    choice = choose_optimizer(cfg, registry, client_optimizer)
+    stage_spec = registry.zero_stage(stage_number)
+    stage_cls = resolve(stage_spec.factory)
+    ctx = ZeroStageContext(
+        module=module,
+        param_groups=param_groups,
+        client_optimizer=choice.client_optimizer,
+        optimizer_factory=choice.factory,
+        config=cfg,
+        comm=comm,
+        accelerator=accelerator,
+        precision=precision,
+        loss_scaler=loss_scaler,
+    )
+    zero_stage: ZeroStage = stage_cls(ctx)
+    scheduler = build_lr_scheduler(
+        cfg, registry, zero_stage.optimizer if choice.has_optimizer else None, client_lr_scheduler
+    )
+
+    # 6. data, monitors, engine
+    loader = None
+    if training_data is not None:
+        loader = DscoreDataLoader(
+            training_data,
+            batch_size=int(cfg.train_micro_batch_size_per_gpu),
+            dp_world_size=dp_world,
+            dp_rank=rank,
+            collate_fn=collate_fn,
+            drop_last=bool(getattr(cfg, "dataloader_drop_last", False)),
+            pin_memory=getattr(accelerator, "device_type", "cpu") != "cpu",
+        )
+    monitors = _create_monitors(cfg, registry, rank)
+    engine = DscoreEngine(
+        module=module,
+        config=cfg,
+        runtime=runtime,
+        zero_stage=zero_stage,
+        precision=precision,
+        loss_scaler=loss_scaler,
+        lr_scheduler=scheduler,
+        training_dataloader=loader,
+        monitors=monitors,
+        rank=rank,
+        dp_world_size=dp_world,
+    )
+    log.info(
+        "engine ready: ZeRO stage %d, precision %s, optimizer %s, scheduler %s, world %d, micro batch %d, "
+        "gradient accumulation %d",
+        stage_number,
+        precision.name,
+        choice.description,
+        type(scheduler).__name__ if scheduler is not None else "none",
+        dp_world,
+        cfg.train_micro_batch_size_per_gpu,
+        cfg.gradient_accumulation_steps,
+    )
+    manager.call("dscore_engine_created", engine=engine)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------------
+def _config_source(args: Any, config: Any, config_params: Any) -> Any:
+    """Pick the one config source (DeepSpeed's rules 4-7 of ``initialize``)."""
+    if config is None:
+        config = config_params
+    arg_cfg = getattr(args, "deepspeed_config", None) if args is not None else None
+    legacy = getattr(args, "deepscale_config", None) if args is not None else None
+    if (arg_cfg is not None or legacy is not None) and config is not None:
+        raise InitializeError(
+            "a ds_config was given twice: in args (--deepspeed_config/--deepscale_config) and as "
+            "config=/config_params= to dscore.initialize; pass only one"
+        )
+    if config is not None:
+        return config
+    if arg_cfg is not None or legacy is not None:
+        return args  # read_source handles deepscale_config (warning) and both-given (error)
+    raise InitializeError(
+        "dscore.initialize requires a ds_config: pass config= (dict, path or base64) or parse "
+        "--deepspeed_config with dscore.add_config_arguments(parser) and pass args="
+    )
+
+
+def _raw_disable_list(data: dict[str, Any]) -> list[str]:
+    plugins = data.get("plugins")
+    disable = plugins.get("disable") if isinstance(plugins, dict) else None
+    if disable is None:
+        return []
+    if not isinstance(disable, list) or not all(isinstance(x, str) for x in disable):
+        raise ConfigError(f"plugins.disable must be a list of plugin names, got {disable!r}", path="plugins.disable")
+    return list(disable)
+
+
+def _data_parallel_world_size(distributed_port: int) -> tuple[int, str]:
+    """World size for the batch triangle without creating a process group."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), "the existing torch.distributed process group"
+    from dscore.comm.env import discover_env
+
+    env = discover_env(distributed_port=distributed_port)
+    return env.world_size, f"world size {env.world_size} discovered from the environment ({env.source})"
+
+
+def _select_precision(cfg: Any, registry: Any) -> PrecisionMode:
+    """The precision whose ``config_key`` block has ``enabled: true``, else the default (``config_key=None``).
+
+    Raises:
+        ConfigError: two precision blocks are enabled.
+        ComponentNotFoundError: no default precision is registered.
+    """
+    enabled: list[PrecisionSpec] = []
+    default: PrecisionSpec | None = None
+    for spec in registry.specs("precision"):
+        assert isinstance(spec, PrecisionSpec)
+        if spec.config_key is None:
+            default = default or spec
+            continue
+        block = cfg.section(spec.config_key)
+        if block is not None and bool(getattr(block, "enabled", False)):
+            enabled.append(spec)
+    if len(enabled) > 1:
+        keys = " and ".join(f"{s.config_key}.enabled" for s in enabled)
+        raise ConfigError(f"{keys} are both true; enable at most one precision mode", path=f"{enabled[0].config_key}.enabled")
+    spec = enabled[0] if enabled else default
+    if spec is None:
+        spec = registry.get_typed(PrecisionSpec, "fp32", config_path="fp16.enabled/bf16.enabled")
+    mode = resolve(spec.factory)(cfg)
+    assert isinstance(mode, PrecisionMode), f"{spec.factory} did not build a PrecisionMode"
+    return mode
+
+
+def _check_device_dtype(precision: PrecisionMode, accelerator: Any) -> None:
+    """Warn when fp16/bf16 is enabled on a device that reports no native support for it.
+
+    DeepSpeed refuses (``ValueError "Type fp16 is not supported on your device."``); dscore only warns,
+    because torch still computes correctly there (e.g. fp16 on CPUs without AVX512-FP16, just slowly),
+    which keeps fp16 configs testable on any machine.
+    """
+    name = precision.name
+    check = {"fp16": "is_fp16_supported", "bf16": "is_bf16_supported"}.get(name)
+    if check and hasattr(accelerator, check) and not getattr(accelerator, check)():
+        log.warning(
+            "%s is enabled but the %s accelerator reports no native %s support; expect slow emulated math",
+            name,
+            getattr(accelerator, "device_type", "?"),
+            name,
+        )
+
+
+def _param_groups(module: torch.nn.Module, model_parameters: Iterable[Any] | None) -> list[dict[str, Any]]:
+    """Normalise ``model_parameters`` into torch-style groups of trainable parameters.
+
+    Accepts None (the module's parameters), an iterable of tensors, an iterable of group dicts, or an
+    iterable of ``(name, tensor)`` pairs. Frozen parameters and empty groups are dropped.
+
+    Raises:
+        ConfigError: an element is none of these.
+    """
+    source = module.parameters() if model_parameters is None else model_parameters
+    items = list(source)
+    if not items:
+        return []
+    if all(isinstance(x, dict) for x in items):
+        groups = []
+        for g in items:
+            params = [p for p in g["params"] if p.requires_grad] if "params" in g else []
+            if params:
+                groups.append({**g, "params": params})
+        return groups
+    params: list[torch.Tensor] = []
+    for x in items:
+        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], torch.Tensor):
+            x = x[1]
+        if not isinstance(x, torch.Tensor):
+            raise ConfigError(
+                f"model_parameters must hold tensors, (name, tensor) pairs or parameter-group dicts; got {type(x).__name__}"
+            )
+        if x.requires_grad:
+            params.append(x)
+    return [{"params": params}] if params else []
+
+
+def _create_monitors(cfg: Any, registry: Any, rank: int) -> list[Any]:
+    """Every monitor whose config block is enabled, on global rank 0 only (DeepSpeed's ``MonitorMaster``)."""
+    if rank != 0:
+        return []
+    out = []
+    for spec in registry.specs("monitor"):
+        assert isinstance(spec, MonitorSpec)
+        block = cfg.section(spec.config_key)
+        if block is not None and bool(getattr(block, "enabled", False)):
+            out.append(resolve(spec.factory)(block, rank))
+            log.info("monitor %s enabled (%s)", spec.name, spec.config_key)
+    return out
+

@@ -1,0 +1,90 @@
+"""Collectives used by ZeRO, with async handles, over one data-parallel process group.
+
+ZeRO needs asynchronous collectives (a handle to ``wait()`` on) to overlap communication with backward
+and to prefetch parameters, and it needs the tensor forms (``all_gather_into_tensor`` /
+``reduce_scatter_tensor``) that write straight into flat buffers. This adapter calls
+:mod:`torch.distributed` on the process group of the runtime's :class:`dscore.comm.Comm` facade when it
+exposes one (``process_group`` / ``group``), else on the default group. Works on gloo (CPU), nccl and
+any backend that implements the four collectives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Collectives", "Handle"]
+
+_ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class Handle:
+    """A completed-or-pending collective; ``wait()`` is idempotent (a no-op for synchronous ones)."""
+
+    __slots__ = ("_work",)
+
+    def __init__(self, work: Any = None) -> None:
+        self._work = work
+
+    def wait(self) -> None:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+
+
+class Collectives:
+    """Rank, world size and the four collectives ZeRO uses, on one process group.
+
+    Args:
+        comm: the runtime's comm facade (or None): its ``process_group``/``group`` attribute, when present,
+            selects the data-parallel group; its ``get_rank()``/``get_world_size()`` are trusted.
+        group: an explicit ``torch.distributed`` process group (overrides ``comm``'s).
+
+    Attributes:
+        rank: this rank's index in the group (0 when torch.distributed is not initialised).
+        world: the group's size (1 when torch.distributed is not initialised).
+    """
+
+    def __init__(self, comm: Any = None, group: Any = None) -> None:
+        if group is None and comm is not None:
+            group = getattr(comm, "process_group", None) or getattr(comm, "group", None)
+            if callable(group):
+                group = group()
+        self.group = group
+        if dist.is_available() and dist.is_initialized():
+            self.rank = int(dist.get_rank(group))
+            self.world = int(dist.get_world_size(group))
+        else:
+            self.rank, self.world = 0, 1
+
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, *, async_op: bool = False) -> Handle:
+        """``out`` (``world * inp.numel()`` elements, contiguous) <- every rank's ``inp``, rank order."""
+        if self.world == 1:
+            if out.data_ptr() != inp.data_ptr():
+                out.copy_(inp)
+            return Handle()
+        return Handle(_ag(out, inp, group=self.group, async_op=async_op))
+
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, *, async_op: bool = False) -> Handle:
+        """``out`` <- sum over ranks of chunk ``rank`` of ``inp`` (``inp`` has ``world * out.numel()`` elements)."""
+        if self.world == 1:
+            out.copy_(inp)
+            return Handle()
+        return Handle(_rs(out, inp, group=self.group, async_op=async_op))
+
+    def all_reduce(self, t: torch.Tensor, *, op: str = "sum", async_op: bool = False) -> Handle:
+        """In-place all-reduce of ``t`` (``op``: ``"sum"`` or ``"max"``)."""
+        if self.world == 1:
+            return Handle()
+        red = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM
+        return Handle(dist.all_reduce(t, op=red, group=self.group, async_op=async_op))
+
+    def broadcast(self, t: torch.Tensor, src: int, *, async_op: bool = False) -> Handle:
+        """In-place broadcast of ``t`` from group rank ``src``."""
+        if self.world == 1:
+            return Handle()
+        global_src = dist.get_global_rank(self.group, src) if self.group is not None else src
+        return Handle(dist.broadcast(t, global_src, group=self.group, async_op=async_op))

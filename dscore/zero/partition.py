@@ -1,0 +1,189 @@
+"""Flat, padded, world-partitioned parameter units: the storage model of ZeRO stage 3.
+
+A :class:`FlatUnit` holds a list of parameters (typically one module's direct parameters) as one 1-D
+buffer ``full`` of ``padded = chunk * world`` elements, laid out parameter after parameter (then zero
+padding). Rank ``r`` permanently owns only ``full[r*chunk:(r+1)*chunk]`` (its *partition*, ``chunk =
+ceil(numel / world)`` elements). The parameters themselves are views into ``full``: releasing the unit
+shrinks ``full``'s storage to 0 bytes (the views, and any autograd-saved views of them, stay valid
+objects) and gathering re-grows the storage and fills it with one ``all_gather_into_tensor`` of every
+rank's partition (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+Parameter Models", §5.3: P_os+g+p). Because the parameters' metadata never changes, autograd graphs that
+saved a parameter (or a view of it) during forward read the re-gathered values during backward.
+
+This is core code (no plugin imports): :mod:`dscore.zero.init` builds units at module construction and
+the stage-3 plugin (``dscore_plugins.zero.stage3``) builds and drives them during training.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from dscore.zero._comm import Collectives, Handle
+
+__all__ = ["FlatUnit", "unit_of", "is_partitioned"]
+
+_UNIT_ATTR = "_dscore_unit"
+
+
+def unit_of(param: torch.Tensor) -> FlatUnit | None:
+    """The :class:`FlatUnit` that stores ``param``, or None when it is an ordinary tensor."""
+    return getattr(param, _UNIT_ATTR, None)
+
+
+def is_partitioned(param: torch.Tensor) -> bool:
+    """True when ``param`` belongs to a :class:`FlatUnit` (its data may be released)."""
+    return unit_of(param) is not None
+
+
+class FlatUnit:
+    """Parameters stored as one padded flat buffer, partitioned into ``world`` equal chunks.
+
+    Args:
+        params: the parameters (any shapes; their current values are *not* read here, see
+            :meth:`load_full`). Each gets attributes ``ds_shape`` (torch.Size), ``ds_numel`` (int) and a
+            back-reference used by :func:`unit_of`.
+        coll: the data-parallel collectives.
+        dtype: dtype of ``full`` and the partition (the compute dtype).
+        device: device of ``full`` and the partition.
+        partition: optional 1-D tensor of ``chunk`` elements to use as this rank's partition storage (a
+            view into a larger per-group buffer); allocated when None.
+        name: for logging and errors.
+
+    Attributes:
+        numel: real elements (sum of parameter numels).
+        chunk: elements per rank, ``ceil(numel / world)``.
+        padded: ``chunk * world`` (length of ``full``).
+        offsets: start of each parameter inside ``full`` (elements).
+        gathered: True while ``full`` holds real storage (possibly with a gather still in flight).
+        persistent: when True, training code never releases the unit.
+        on_modified: callbacks run after :meth:`write_back` (e.g. to refresh fp32 master weights).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        coll: Collectives,
+        *,
+        dtype: torch.dtype,
+        device: torch.device,
+        partition: torch.Tensor | None = None,
+        name: str = "",
+    ) -> None:
+        self.params = list(params)
+        self.coll = coll
+        self.name = name
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.shapes = [torch.Size(p.ds_shape) if hasattr(p, "ds_shape") else p.shape for p in self.params]
+        self.numels = [int(math.prod(s)) for s in self.shapes]
+        self.offsets: list[int] = []
+        off = 0
+        for n in self.numels:
+            self.offsets.append(off)
+            off += n
+        self.numel = off
+        self.chunk = max(1, math.ceil(self.numel / coll.world))
+        self.padded = self.chunk * coll.world
+        self.full = torch.zeros(self.padded, dtype=dtype, device=self.device)
+        if partition is None:
+            partition = torch.zeros(self.chunk, dtype=dtype, device=self.device)
+        if partition.numel() != self.chunk or partition.dtype != dtype:
+            raise ValueError(
+                f"partition for unit {name!r} must be {self.chunk} elements of {dtype}, "
+                f"got {partition.numel()} of {partition.dtype}"
+            )
+        self.partition = partition
+        self.gathered = True
+        self.persistent = False
+        self.on_modified: list[Callable[[FlatUnit], None]] = []
+        self._handle: Handle | None = None
+        self.bind_views()
+
+    # ------------------------------------------------------------------ layout
+    def bind_views(self) -> None:
+        """Point every parameter's ``.data`` at its slice of ``full`` and tag it with this unit."""
+        for p, shape, off, n in zip(self.params, self.shapes, self.offsets, self.numels):
+            p.data = self.full[off : off + n].view(shape)
+            p.ds_shape = shape  # type: ignore[attr-defined]
+            p.ds_numel = n  # type: ignore[attr-defined]
+            setattr(p, _UNIT_ATTR, self)
+
+    def own_slice(self) -> torch.Tensor:
+        """This rank's chunk of ``full`` (a view; valid only while gathered)."""
+        r = self.coll.rank
+        return self.full[r * self.chunk : (r + 1) * self.chunk]
+
+    def load_full(self, values: list[torch.Tensor]) -> None:
+        """Fill ``full`` from full parameter values (same order and shapes) and copy this rank's chunk
+        into the partition. Every rank must pass identical values. Leaves the unit gathered."""
+        self._ensure_storage()
+        with torch.no_grad():
+            for v, off, n in zip(values, self.offsets, self.numels):
+                self.full[off : off + n].copy_(v.reshape(-1))
+            self.full[self.numel :].zero_()
+            self.partition.copy_(self.own_slice())
+        self.gathered = True
+
+    # ------------------------------------------------------------------ gather / release
+    def _ensure_storage(self) -> None:
+        storage = self.full.untyped_storage()
+        nbytes = self.padded * self.full.element_size()
+        if storage.nbytes() != nbytes:
+            storage.resize_(nbytes)
+
+    def gather(self, *, async_op: bool = False) -> None:
+        """Make the full parameters available (all-gather of the partitions). No-op when gathered."""
+        if self.gathered:
+            if not async_op:
+                self.wait()
+            return
+        self._ensure_storage()
+        self._handle = self.coll.all_gather(self.full, self.partition, async_op=async_op)
+        self.gathered = True
+        if not async_op:
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for an in-flight gather (no-op otherwise)."""
+        if self._handle is not None:
+            self._handle.wait()
+            self._handle = None
+
+    def release(self) -> None:
+        """Free the full buffer's storage (the partition stays). No-op when already released."""
+        if not self.gathered:
+            return
+        self.wait()
+        self.full.untyped_storage().resize_(0)
+        self.gathered = False
+
+    def write_back(self) -> None:
+        """Copy this rank's chunk of the (gathered, possibly modified) full buffer into the partition and
+        run :attr:`on_modified` callbacks."""
+        self.wait()
+        with torch.no_grad():
+            self.partition.copy_(self.own_slice())
+        for cb in self.on_modified:
+            cb(self)
+
+    def full_values(self) -> list[torch.Tensor]:
+        """Views of the full parameters (valid while gathered), in :attr:`params` order."""
+        return [self.full[o : o + n].view(s) for o, n, s in zip(self.offsets, self.numels, self.shapes)]
+
+    def __repr__(self) -> str:
+        return (
+            f"FlatUnit({self.name!r}, params={len(self.params)}, numel={self.numel}, chunk={self.chunk}, "
+            f"gathered={self.gathered}, persistent={self.persistent})"
+        )
+
+
+def _param_groups_of(module_or_params: Any) -> list[torch.nn.Parameter]:
+    if isinstance(module_or_params, torch.nn.Module):
+        return list(module_or_params.parameters())
+    if isinstance(module_or_params, torch.Tensor):
+        return [module_or_params]  # type: ignore[list-item]
+    return list(module_or_params)

@@ -1,0 +1,175 @@
+"""Train a small byte-level GPT with dscore — the main job.
+
+    dscore run --num_gpus 2 examples/gpt/train.py --deepspeed_config examples/gpt/ds_config.json
+
+Reads the Python standard library's sources (or ``--data PATH``), trains with the engine that
+``dscore.initialize`` builds from the config (ZeRO stage, optimizer, LR schedule, precision, monitor),
+prints progress with an ETA, evaluates on held-out files, saves a checkpoint every ``--save_interval``
+steps and resumes from ``latest`` when re-run (``--no-resume`` starts over), and ends with a generated
+sample. Batches are drawn from a generator seeded by (seed, rank, step), so a resumed run sees exactly the
+batches an uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import dscore  # noqa: E402
+from data import bits, get_batch, load_corpus, unigram_baseline  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+
+log = logging.getLogger("gpt")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=None, help="text file or folder (default: the Python standard library's .py files)")
+    p.add_argument("--steps", type=int, default=400, help="optimizer steps in total")
+    p.add_argument("--eval_interval", type=int, default=100, help="evaluate every N steps")
+    p.add_argument("--eval_batches", type=int, default=16, help="validation batches per evaluation and rank")
+    p.add_argument("--save_interval", type=int, default=100, help="save a checkpoint every N steps")
+    p.add_argument("--log_interval", type=int, default=20, help="print a progress line every N steps")
+    p.add_argument("--checkpoint_dir", default="runs/gpt/checkpoints", help="where checkpoints and `latest` live")
+    p.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True, help="resume from `latest` if present")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--block_size", type=int, default=128)
+    p.add_argument("--n_layer", type=int, default=4)
+    p.add_argument("--n_head", type=int, default=4)
+    p.add_argument("--n_embd", type=int, default=128)
+    p.add_argument("--sample_bytes", type=int, default=300, help="length of the generated sample")
+    p.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)), help="set by the launcher")
+    p = dscore.add_config_arguments(p)
+    return p.parse_args(argv)
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def say(msg: str) -> None:
+    if rank() == 0:
+        print(msg, flush=True)
+
+
+@torch.no_grad()
+def evaluate(engine, stream: torch.Tensor, batches: int, batch_size: int, block: int, seed: int) -> float:
+    """Mean loss (nats/byte) over ``batches`` fixed windows per rank, averaged over ranks."""
+    engine.eval()
+    g = torch.Generator().manual_seed(seed * 7919 + rank())
+    total = torch.zeros(())
+    device = next(engine.module.parameters()).device
+    for _ in range(batches):
+        x, y = get_batch(stream, batch_size, block, g)
+        total += engine(x.to(device), y.to(device)).float().cpu()
+    engine.train()
+    mean = total / batches
+    if dist.is_initialized():
+        dist.all_reduce(mean)
+        mean /= world()
+    return float(mean)
+
+
+def fmt_time(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    torch.manual_seed(args.seed)  # same initial weights on every rank
+    corpus = load_corpus(args.data)
+    cfg = GPTConfig(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd)
+    model = GPT(cfg)
+
+    engine, _, _, _ = dscore.initialize(args=args, model=model, model_parameters=model.parameters())
+    micro = engine.train_micro_batch_size_per_gpu()
+    gas = engine.gradient_accumulation_steps()
+    device = next(engine.module.parameters()).device
+    baseline = unigram_baseline(corpus.train, corpus.val)
+    say(
+        f"corpus: {corpus.source}: {corpus.n_files} files, {corpus.train.numel():,} train / "
+        f"{corpus.val.numel():,} validation bytes; unigram baseline {baseline:.3f} nats/byte ({bits(baseline):.2f} bits)"
+    )
+    say(
+        f"model: {model.num_parameters():,} parameters; world size {world()}, micro batch {micro}, "
+        f"gradient accumulation {gas}, train batch {engine.train_batch_size()}"
+    )
+
+    ckpt = Path(args.checkpoint_dir)
+    if args.resume and ckpt.is_dir():
+        path, client = engine.load_checkpoint(str(ckpt))
+        if path is not None:
+            say(f"resumed from {path} at step {engine.global_steps}")
+    start_step = engine.global_steps
+    if start_step >= args.steps:
+        say(f"already trained {start_step} >= --steps {args.steps}; nothing to do (use --no-resume to start over)")
+
+    t0 = time.time()
+    last_t, last_step, loss_ema = t0, start_step, None
+    try:
+        while engine.global_steps < args.steps:
+            step = engine.global_steps
+            for micro_idx in range(gas):
+                g = torch.Generator().manual_seed(((args.seed * 1_000_003 + step) * 64 + micro_idx) * 4096 + rank())
+                x, y = get_batch(corpus.train, micro, cfg.block_size, g)
+                loss = engine(x.to(device), y.to(device))
+                engine.backward(loss)
+                engine.step()
+            value = float(loss.detach())
+            loss_ema = value if loss_ema is None else 0.9 * loss_ema + 0.1 * value
+            done = engine.global_steps
+            if done % args.log_interval == 0 or done == args.steps:
+                now = time.time()
+                rate = (done - last_step) * engine.train_batch_size() / max(now - last_t, 1e-9)
+                eta = (args.steps - done) * (now - t0) / max(done - start_step, 1)
+                say(
+                    f"step {done:>5}/{args.steps} | loss {loss_ema:.3f} | lr {engine.get_lr()[0]:.2e} | "
+                    f"{rate:,.0f} samples/s | ETA {fmt_time(eta)}"
+                )
+                last_t, last_step = now, done
+            if done % args.eval_interval == 0 or done == args.steps:
+                val = evaluate(engine, corpus.val, args.eval_batches, micro, cfg.block_size, args.seed)
+                say(f"eval  step {done:>5} | validation loss {val:.3f} nats/byte (unigram baseline {baseline:.3f})")
+            if done % args.save_interval == 0 or done == args.steps:
+                engine.save_checkpoint(str(ckpt), client_state={"steps_target": args.steps})
+    except KeyboardInterrupt:
+        say(f"\ninterrupted at step {engine.global_steps}; run the same command again to resume from {ckpt}/latest")
+        return 130
+
+    train_loss = evaluate(engine, corpus.train, args.eval_batches, micro, cfg.block_size, args.seed + 1)
+    val_loss = evaluate(engine, corpus.val, args.eval_batches, micro, cfg.block_size, args.seed)
+    wall = time.time() - t0
+    say(
+        f"done: {engine.global_steps} steps in {fmt_time(wall)} | train loss {train_loss:.3f} | validation loss "
+        f"{val_loss:.3f} nats/byte vs unigram baseline {baseline:.3f} ({val_loss / baseline:.0%} of it)"
+    )
+    if rank() == 0:
+        model = engine.module
+        prompt = b"def "
+        idx = torch.tensor([list(prompt)], dtype=torch.long, device=device)
+        out = model.generate(idx, args.sample_bytes, generator=torch.Generator().manual_seed(args.seed))
+        text = bytes(out[0].tolist()).decode("utf-8", errors="replace")
+        print("----- sample -----\n" + text + "\n------------------", flush=True)
+    if math.isnan(val_loss):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The built-in comm-backend plugin: gloo, nccl, ccl, xccl, hccl and mpi for torch.distributed."""

@@ -1,0 +1,1 @@
+"""Built-in training monitors: tensorboard, csv and wandb."""

@@ -1,0 +1,79 @@
+"""Adam / AdamW as DeepSpeed selects them (``deepspeed-behaviour.md`` §4).
+
+``adam_w_mode`` (default **true**) chooses decoupled weight decay (AdamW, Loshchilov & Hutter,
+arXiv:1711.05101) over L2-in-the-gradient Adam (Kingma & Ba, arXiv:1412.6980), so ``"type": "Adam"`` is
+AdamW-style unless ``"adam_w_mode": false``; type ``adamw`` forces it true. ``torch_adam: true`` yields
+``torch.optim.AdamW``/``Adam`` with the for-each implementation. Otherwise DeepSpeed uses its FusedAdam
+kernel; until dscore's op builders provide it, dscore uses torch's ``fused=True`` implementation where
+the parameters' device supports it, else for-each. Both follow the same update rule as FusedAdam.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from dscore.errors import ConfigError
+
+__all__ = ["build_adam", "build_adamw"]
+
+log = logging.getLogger("dscore.optim")
+
+
+def _param_list(params: Iterable[Any]) -> list[Any]:
+    """Materialise ``params`` (a generator would be consumed by a failed first attempt)."""
+    out = list(params)
+    return [dict(g) if isinstance(g, dict) else g for g in out]
+
+
+def build_adam(
+    params: Iterable[Any],
+    *,
+    adam_w_mode: bool = True,
+    torch_adam: bool = False,
+    bias_correction: bool = True,
+    set_grad_none: bool = True,
+    fp32_optimizer_states: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """Build DeepSpeed's ``"Adam"``: ``torch.optim.AdamW`` when ``adam_w_mode`` else ``torch.optim.Adam``.
+
+    Args:
+        params: tensors or torch-style param groups.
+        adam_w_mode: decoupled weight decay (default true, as DeepSpeed).
+        torch_adam: force torch's for-each implementation instead of the fused one.
+        bias_correction: must be true (torch's Adam always corrects).
+        set_grad_none, fp32_optimizer_states: accepted for DeepSpeed compatibility; no effect here.
+        **kwargs: ``lr``, ``betas``, ``eps``, ``weight_decay``, ``amsgrad`` (torch names and units).
+
+    Returns:
+        a ``torch.optim.Adam`` or ``torch.optim.AdamW``.
+
+    Raises:
+        ConfigError: ``bias_correction`` false (not available on torch's implementation).
+    """
+    import torch
+
+    if not bias_correction:
+        raise ConfigError(
+            "optimizer.params.bias_correction=false is not supported by dscore's Adam (torch's implementation "
+            "always bias-corrects); remove the key or set it to true",
+            path="optimizer.params.bias_correction",
+        )
+    cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
+    params = _param_list(params)
+    if torch_adam:
+        return cls(params, foreach=True, **kwargs)
+    try:
+        return cls(params, fused=True, **kwargs)
+    except (RuntimeError, ValueError) as exc:  # device/dtype without a fused kernel
+        log.debug("fused %s unavailable (%s); using for-each", cls.__name__, exc)
+        return cls(params, foreach=True, **kwargs)
+
+
+def build_adamw(params: Iterable[Any], *, adam_w_mode: bool = True, **kwargs: Any) -> Any:
+    """Build DeepSpeed's ``"AdamW"``: :func:`build_adam` with ``adam_w_mode`` forced true."""
+    if not adam_w_mode:
+        log.warning("optimizer.type AdamW forces adam_w_mode=true (as DeepSpeed); ignoring adam_w_mode=false")
+    return build_adam(params, adam_w_mode=True, **kwargs)

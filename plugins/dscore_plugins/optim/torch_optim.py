@@ -1,0 +1,99 @@
+"""torch.optim-backed optimizers: ``adagrad``, ``sgd``, and the fallback for any ``torch.optim`` class.
+
+DeepSpeed builds ``torch.optim.Adagrad`` for ``adagrad`` and ``getattr(torch.optim, type)`` for any other
+name (``deepspeed-behaviour.md`` §4). dscore's engine calls :func:`torch_optimizer_factory` (registered as
+the optimizer spec ``"torch"``) with ``type_name=<optimizer.type>`` when the name is not a registered
+optimizer. Unlike DeepSpeed the lookup is case-insensitive when unambiguous (``"rmsprop"`` works).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from dscore.errors import ComponentNotFoundError, ConfigError, did_you_mean
+
+__all__ = ["build_adagrad", "build_sgd", "torch_optimizer_classes", "torch_optimizer_factory"]
+
+
+def build_adagrad(params: Iterable[Any], **kwargs: Any) -> Any:
+    """``torch.optim.Adagrad(params, **kwargs)`` with DeepSpeed's defaults (lr=1e-2, eps=1e-10)."""
+    import torch
+
+    kwargs.setdefault("lr", 1e-2)
+    kwargs.setdefault("eps", 1e-10)
+    return torch.optim.Adagrad(params, **kwargs)
+
+
+def build_sgd(params: Iterable[Any], **kwargs: Any) -> Any:
+    """``torch.optim.SGD(params, **kwargs)``."""
+    import torch
+
+    return torch.optim.SGD(params, **kwargs)
+
+
+def torch_optimizer_classes() -> dict[str, type]:
+    """Name -> class of every public ``torch.optim.Optimizer`` subclass exported by ``torch.optim``."""
+    import torch
+
+    out: dict[str, type] = {}
+    for name in dir(torch.optim):
+        obj = getattr(torch.optim, name)
+        if not name.startswith("_") and isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer):
+            if obj is not torch.optim.Optimizer:
+                out[name] = obj
+    return out
+
+
+def _builtin_names() -> list[str]:
+    from dscore_plugins.optim.plugin import OPTIMIZER_SPECS
+
+    return [s.name for s in OPTIMIZER_SPECS if s.name != "torch"]
+
+
+def torch_optimizer_factory(params: Iterable[Any], type_name: str | None = None, **kwargs: Any) -> Any:
+    """Build ``torch.optim.<type_name>(params, **kwargs)``.
+
+    The exact name is tried first (DeepSpeed's rule), then a unique case-insensitive match.
+
+    Args:
+        params: tensors or param groups.
+        type_name: the ``optimizer.type`` the user wrote.
+        **kwargs: ``optimizer.params``, passed unchanged.
+
+    Raises:
+        ComponentNotFoundError: no such class; lists dscore's and torch's optimizers with close matches.
+        ConfigError: ``max_grad_norm`` given (use ``gradient_clipping``), or the class rejected the params.
+    """
+    if not type_name:
+        raise ConfigError("optimizer.type is required to build a torch.optim class", path="optimizer.type")
+    if "max_grad_norm" in kwargs:
+        raise ConfigError(
+            "'max_grad_norm' is not supported as an optimizer parameter; use the top-level ds_config key "
+            "'gradient_clipping' instead",
+            path="optimizer.params.max_grad_norm",
+        )
+    classes = torch_optimizer_classes()
+    cls = classes.get(type_name)
+    if cls is None:
+        matches = [c for n, c in classes.items() if n.lower() == type_name.lower()]
+        cls = matches[0] if len(matches) == 1 else None
+    if cls is None:
+        available = sorted(set(_builtin_names()) | set(classes), key=str.lower)
+        suggestions = did_you_mean(type_name, available)
+        hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+        raise ComponentNotFoundError(
+            f"no optimizer named optimizer.type = {type_name!r}: it is neither a dscore optimizer nor a class of "
+            f"torch.optim. Installed: {', '.join(available)}.{hint} "
+            "A plugin providing it may not be installed (see `dscore plugins list`).",
+            kind="optimizer",
+            name=type_name,
+            available=available,
+            suggestions=suggestions,
+        )
+    try:
+        return cls(params, **kwargs)
+    except TypeError as exc:
+        raise ConfigError(
+            f"torch.optim.{cls.__name__} rejected optimizer.params {sorted(kwargs)}: {exc}", path="optimizer.params"
+        ) from exc

@@ -1,0 +1,1 @@
+"""Built-in precision plugins: fp32, fp16 (static and dynamic loss scaling) and bf16."""

@@ -1,0 +1,1 @@
+"""Built-in LR scheduler plugins: DeepSpeed's five schedulers and any ``torch.optim.lr_scheduler`` class."""

@@ -1,0 +1,280 @@
+"""The ``zero_optimization`` section (torch-free), with DeepSpeed 0.19.8's fields, defaults and aliases.
+
+Legacy forms are migrated before validation by :meth:`ZeroConfig.migrate_legacy`, each with a warning
+naming the new key: ``"zero_optimization": true`` (stage 1, ``allgather_bucket_size`` from the top-level
+``allgather_size``), ``false`` (stage 0), ``cpu_offload``, ``cpu_offload_param``,
+``cpu_offload_use_pin_memory`` (dropped) and ``stage3_gather_fp16_weights_on_model_save``. Keys DeepSpeed
+0.19.8 removed (``mics_shard_size``, ``mics_hierarchical_params_gather``, ``zeropp_loco_param``) and
+ZenFlow are dropped with a warning when inert and refused otherwise.
+
+``"auto"`` is accepted for ``reduce_bucket_size``, ``stage3_prefetch_bucket_size`` and
+``stage3_param_persistence_threshold``; dscore fills them from the model's hidden size h (h*h,
+int(0.9*h*h), 10*h) when the model is known.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, StrictBool, field_validator, model_validator
+
+from dscore.config.base import Float, Int, NonNegativeInt, PositiveInt, SectionModel
+from dscore.errors import ConfigError
+
+__all__ = ["OffloadParamConfig", "OffloadOptimizerConfig", "LeafModuleConfig", "ZeroConfig"]
+
+ZeroStageNumber = Annotated[Int, Field(ge=0, le=3)]
+Ratio = Annotated[Float, Field(ge=0.0, le=1.0)]
+OffloadDevice = Literal["none", "cpu", "nvme"]
+
+
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
+
+
+class _Offload(SectionModel):
+    device: OffloadDevice = "none"
+    """Where to offload: ``"none"``, ``"cpu"`` or ``"nvme"`` (case-insensitive)."""
+    nvme_path: str | None = None
+    """Directory on an NVMe device; required with ``device: "nvme"``."""
+    pin_memory: bool = True
+    """Use page-locked CPU memory (default true since DeepSpeed 0.19)."""
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _device(cls, value: Any) -> Any:
+        return _lower(value)
+
+    @model_validator(mode="after")
+    def _nvme(self) -> _Offload:
+        if self.device == "nvme" and not self.nvme_path:
+            raise ValueError('nvme_path is required when device is "nvme"')
+        return self
+
+
+class OffloadParamConfig(_Offload):
+    """``zero_optimization.offload_param``: move stage-3 parameters to CPU or NVMe (stage 3 only)."""
+
+    buffer_count: PositiveInt = 5
+    """Number of parameter buffers in the NVMe swap pool."""
+    buffer_size: PositiveInt = 100_000_000
+    """Size of each NVMe swap buffer in elements."""
+    max_in_cpu: NonNegativeInt = 1_000_000_000
+    """Parameter elements kept in CPU memory when offloading to NVMe."""
+
+
+class OffloadOptimizerConfig(_Offload):
+    """``zero_optimization.offload_optimizer``: keep optimizer state (and its step) on CPU or NVMe."""
+
+    buffer_count: PositiveInt = 4
+    """Number of optimizer-state buffers in the NVMe swap pool."""
+    pipeline_read: bool = False
+    """Overlap reading the next sub-group's state from NVMe with the step."""
+    pipeline_write: bool = False
+    """Overlap writing the previous sub-group's state to NVMe with the step."""
+    fast_init: bool = False
+    """Initialise NVMe-offloaded state quickly (skip zero-filling)."""
+    ratio: Ratio = 1.0
+    """Fraction of the optimizer state offloaded (0..1); below 1 needs ZeRO stage 3."""
+    super_offload: bool = False
+    """DeepSpeed SuperOffload (CPU optimizer pipelining on superchips)."""
+    cpuadam_cores_perc: Annotated[Float, Field(gt=0.0, le=1.0)] = 0.8
+    """Fraction of CPU cores the CPU optimizer uses."""
+
+    @property
+    def pipeline(self) -> bool:
+        """``pipeline_read or pipeline_write``."""
+        return self.pipeline_read or self.pipeline_write
+
+
+class LeafModuleConfig(SectionModel):
+    """``zero_optimization.leaf_module``: modules ZeRO-3 fetches as a whole instead of per submodule."""
+
+    classes: list[str] = Field(default_factory=list)
+    """Module class names (``"MixtralSparseMoeBlock"``)."""
+    names: list[str] = Field(default_factory=list)
+    """Module names (``"model.layers.0.mlp"``)."""
+    name_patterns: list[str] = Field(default_factory=list)
+    """Regular expressions over module names."""
+
+
+class ZeroConfig(SectionModel):
+    """``zero_optimization``: the ZeRO stage and its tuning knobs (DeepSpeed 0.19.8 defaults)."""
+
+    dscore_auto: ClassVar[dict[str, str]] = {
+        "reduce_bucket_size": "hidden^2",
+        "prefetch_bucket_size": "0.9*hidden^2",
+        "param_persistence_threshold": "10*hidden",
+    }
+
+    stage: ZeroStageNumber = 0
+    """0: plain data parallelism; 1: partition optimizer state; 2: also gradients; 3: also parameters."""
+    contiguous_gradients: bool = True
+    """Copy gradients into one contiguous buffer as they are produced (less fragmentation)."""
+    reduce_scatter: bool = True
+    """Reduce gradients with reduce-scatter instead of all-reduce (stages 1-2)."""
+    reduce_bucket_size: PositiveInt | Literal["auto"] = 500_000_000
+    """Elements reduced per bucket (> 0; ``"auto"`` = hidden_size**2)."""
+    use_multi_rank_bucket_allreduce: bool = True
+    """Combine buckets bound for several ranks into one all-reduce."""
+    allgather_partitions: bool = True
+    """All-gather updated partitions (true) or broadcast them rank by rank (false)."""
+    allgather_bucket_size: PositiveInt = 500_000_000
+    """Elements all-gathered per bucket."""
+    overlap_comm: bool | None = None
+    """Overlap gradient reduction with backward; ``None`` resolves to ``stage == 3``."""
+    compute_grad_norm: bool = True
+    """Compute the global gradient norm; false (no clipping, no norm logging) only for stages 1 and 2."""
+    load_from_fp32_weights: bool = True
+    """Initialise fp32 master weights from the checkpoint's fp32 copy rather than the 16-bit model."""
+    elastic_checkpoint: bool = False
+    """Save optimizer state so it can be loaded with a different data-parallel size (stages 1-2)."""
+    offload_param: OffloadParamConfig | None = None
+    """Parameter offload (stage 3), or ``None``; ``{}`` gives ``device: "none"``."""
+    offload_optimizer: OffloadOptimizerConfig | None = None
+    """Optimizer-state offload (stages 1-3), or ``None``."""
+    sub_group_size: PositiveInt = 1_000_000_000
+    """Elements per optimizer step sub-group (stage 3)."""
+    prefetch_bucket_size: NonNegativeInt | Literal["auto"] = Field(
+        50_000_000, alias="stage3_prefetch_bucket_size"
+    )
+    """Elements prefetched ahead of use (stage 3; ``"auto"`` = int(0.9 * hidden_size**2))."""
+    param_persistence_threshold: NonNegativeInt | Literal["auto"] = Field(
+        100_000, alias="stage3_param_persistence_threshold"
+    )
+    """Parameters smaller than this many elements stay unpartitioned (stage 3; ``"auto"`` = 10 * hidden_size)."""
+    model_persistence_threshold: NonNegativeInt = Field(sys.maxsize, alias="stage3_model_persistence_threshold")
+    """Upper bound on the total elements kept unpartitioned (stage 3)."""
+    max_live_parameters: NonNegativeInt = Field(1_000_000_000, alias="stage3_max_live_parameters")
+    """Parameter elements kept gathered at once before releasing (stage 3)."""
+    max_reuse_distance: NonNegativeInt = Field(1_000_000_000, alias="stage3_max_reuse_distance")
+    """Keep a gathered parameter if it is reused within this many elements of fetches (stage 3)."""
+    gather_16bit_weights_on_model_save: bool = Field(False, alias="stage3_gather_16bit_weights_on_model_save")
+    """Gather a full 16-bit state dict when saving the model (stage 3)."""
+    module_granularity_threshold: NonNegativeInt = Field(0, alias="stage3_module_granularity_threshold")
+    """Fetch modules with fewer parameters than this as one leaf (stage 3; 0 disables)."""
+    use_all_reduce_for_fetch_params: bool = Field(False, alias="stage3_use_all_reduce_for_fetch_params")
+    """Fetch parameters with all-reduce instead of all-gather (stage 3)."""
+    allgather_sequential: bool = Field(False, alias="stage3_allgather_sequential")
+    """All-gather parameters one at a time (stage 3)."""
+    ignore_unused_parameters: bool = True
+    """Tolerate parameters that receive no gradient (stage 2 and 3)."""
+    legacy_stage1: bool = False
+    """DeepSpeed's old stage-1 implementation (kept for compatibility)."""
+    round_robin_gradients: bool = False
+    """Stage 1/2 with offload: copy gradients to CPU in round-robin order across ranks."""
+    parameter_alignment: bool = False
+    """Align partition boundaries to the parameter boundaries."""
+    zero_hpz_partition_size: PositiveInt = 1
+    """ZeRO++ hierarchical partitioning group size (1 disables)."""
+    zero_quantized_weights: bool = False
+    """ZeRO++ quantized weight all-gather."""
+    zero_quantized_nontrainable_weights: bool = False
+    """ZeRO++ quantization of frozen weights."""
+    zero_quantized_gradients: bool = False
+    """ZeRO++ quantized gradient reduce-scatter."""
+    memory_efficient_linear: bool = True
+    """Use ZeRO-3's memory-efficient linear autograd function."""
+    override_module_apply: bool = True
+    """ZeRO-3: gather parameters around ``module.apply``."""
+    pipeline_loading_checkpoint: bool = False
+    """Load checkpoint shards per pipeline stage."""
+    log_trace_cache_warnings: bool = False
+    """Log ZeRO-3 trace-cache invalidation warnings."""
+    enable_sanity_checks: StrictBool = False
+    """Extra (slow) consistency checks of partitioned parameters."""
+    save_muon_momentum_buffer_in_memory: bool = False
+    """Keep Muon's momentum buffer in memory when saving."""
+    leaf_module: LeafModuleConfig = Field(default_factory=LeafModuleConfig)
+    """Modules ZeRO-3 treats as leaves."""
+
+    @model_validator(mode="after")
+    def _resolve(self) -> ZeroConfig:
+        if self.overlap_comm is None:
+            object.__setattr__(self, "overlap_comm", self.stage == 3)
+        if not self.compute_grad_norm and self.stage not in (1, 2):
+            raise ValueError(f"compute_grad_norm: false is supported only with stage 1 or 2, not stage {self.stage}")
+        if self.offload_optimizer is not None and self.offload_optimizer.ratio < 1.0 and self.stage != 3:
+            raise ValueError(
+                f"offload_optimizer.ratio = {self.offload_optimizer.ratio} (partial offloading) requires stage 3, "
+                f"not stage {self.stage}"
+            )
+        return self
+
+    @classmethod
+    def migrate_legacy(cls, value: Any, *, root: dict[str, Any], warn: Callable[[str], None]) -> Any:
+        """Rewrite DeepSpeed's legacy forms of the section into the current ones (see module docstring).
+
+        Raises:
+            ConfigError: a legacy key given together with its replacement, a legacy flag that is not a
+                boolean, or a removed key / ZenFlow block that would change training.
+        """
+        if isinstance(value, bool):
+            if value:
+                size = root.pop("allgather_size", 500_000_000)
+                warn(
+                    '"zero_optimization": true is deprecated; migrated to "zero_optimization": {"stage": 1, '
+                    f'"allgather_bucket_size": {size!r}}} (zero_optimization.stage)'
+                )
+                return {"stage": 1, "allgather_bucket_size": size}
+            warn('"zero_optimization": false is deprecated; migrated to zero_optimization.stage = 0')
+            return {"stage": 0}
+        if not isinstance(value, dict):
+            return value
+        value = dict(value)
+        for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+            if old not in value:
+                continue
+            flag = value.pop(old)
+            path = f"zero_optimization.{old}"
+            if not isinstance(flag, bool):
+                raise ConfigError(f"{path}: must be true or false, got {flag!r}", path=path)
+            if new in value:
+                raise ConfigError(
+                    f"{path}: the deprecated {old!r} and its replacement zero_optimization.{new} cannot be given "
+                    "together; keep only the new key",
+                    path=path,
+                )
+            warn(f"{path} is deprecated; use zero_optimization.{new} (migrated: {flag})")
+            if flag:
+                value[new] = {"device": "cpu"}
+        if "cpu_offload_use_pin_memory" in value:
+            value.pop("cpu_offload_use_pin_memory")
+            warn(
+                "zero_optimization.cpu_offload_use_pin_memory is deprecated and ignored; use "
+                "zero_optimization.offload_optimizer.pin_memory / offload_param.pin_memory"
+            )
+        old = "stage3_gather_fp16_weights_on_model_save"
+        if old in value:
+            flag = value.pop(old)
+            if "gather_16bit_weights_on_model_save" in value or "stage3_gather_16bit_weights_on_model_save" in value:
+                raise ConfigError(
+                    f"zero_optimization.{old}: the deprecated key and its replacement "
+                    "zero_optimization.stage3_gather_16bit_weights_on_model_save cannot be given together",
+                    path=f"zero_optimization.{old}",
+                )
+            warn(f"zero_optimization.{old} is deprecated; use zero_optimization.gather_16bit_weights_on_model_save")
+            value["gather_16bit_weights_on_model_save"] = flag
+        inert: dict[str, Callable[[Any], bool]] = {
+            "mics_shard_size": lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and v <= 0),
+            "mics_hierarchical_params_gather": lambda v: v in (False, None),
+            "zeropp_loco_param": lambda v: v in (None, {}, False),
+            "zenflow": lambda v: v in (None, {}, False),
+        }
+        for key, is_inert in inert.items():
+            if key not in value:
+                continue
+            path = f"zero_optimization.{key}"
+            sub = value.pop(key)
+            feature = "ZenFlow" if key == "zenflow" else "MiCS / ZeRO++ LoCo (removed in DeepSpeed 0.19.8)"
+            if is_inert(sub):
+                warn(f"{path} ({feature}) has no effect as written and is ignored")
+            else:
+                raise ConfigError(
+                    f"{path}: dscore does not implement {feature}, but {key} = {sub!r} would change training; "
+                    "remove the key",
+                    path=path,
+                )
+        return value

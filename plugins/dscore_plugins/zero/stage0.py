@@ -1,0 +1,404 @@
+"""ZeRO stage 0: plain data parallelism (every rank holds all parameters, gradients and optimizer state).
+
+What DeepSpeed does without ZeRO (``DeepSpeedEngine.allreduce_gradients`` + ``clip_fp32_gradients`` for
+fp32, ``FP16_Optimizer`` / ``FP16_UnfusedOptimizer`` for fp16 and bf16), restated for one code path:
+
+* **Gradients live in flat buffers.** At construction every trainable parameter's ``.grad`` is made a view
+  into one contiguous buffer per (device, dtype). Autograd accumulates into those views in place, so a
+  gradient accumulation window needs no copies, and the boundary reduction is one all-reduce per bucket
+  of ``zero_optimization.reduce_bucket_size`` elements instead of one per parameter. The buffers are
+  zeroed (never set to ``None``) after each step. Consequence: a parameter that got no gradient in a
+  window has a zero ``.grad`` (not ``None``), so optimizers with weight decay or momentum still update it,
+  as under ``torch.nn.parallel.DistributedDataParallel(gradient_as_bucket_view=True)``.
+* **Reduction** at the boundary: sum all-reduce over the data-parallel group, divided by its size
+  (``gradient_allreduce_op: "mean"``; ``"sum"`` skips the division): by the world size before the sum,
+  or with ``prescale_gradients`` by ``gradient_predivide_factor`` f before and world/f after, as
+  DeepSpeed does. Nothing is communicated inside
+  ``engine.no_sync()`` or with one rank.
+* **Step**: unscale by the loss scale, check for inf/NaN (fp16 always, bf16 when
+  ``check_grad_overflow``), ask the loss scaler whether to skip, clip to ``gradient_clipping`` by the
+  global L2 norm (identical on every rank after the all-reduce, so no extra collective), step the
+  optimizer, zero the buffers. Unscaling and clipping are one multiply of each flat buffer.
+  The clip coefficient is ``clip / (norm + 1e-6)`` capped at 1, exactly
+  :func:`torch.nn.utils.clip_grad_norm_`.
+* **Master weights** (fp16/bf16): the module's low-precision parameters are re-pointed into one flat
+  buffer, an fp32 copy of it is what the optimizer updates (``engine.optimizer`` is built over the fp32
+  master parameters, or a client optimizer's groups are switched to them, like DeepSpeed's
+  ``FP16_Optimizer``), and after each applied step the fp32 buffer is copied back in one op.
+
+Hot path: no Python loop over parameters per step; one device sync per boundary only when an overflow
+check is required (fp16 / bf16 with ``check_grad_overflow``). The global norm is kept as a 0-dim
+tensor (:attr:`StepOutcome.global_grad_norm`) so the engine reads it only on request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from dscore.errors import ConfigError
+from dscore.runtime.zero_api import StepOutcome, ZeroStage, ZeroStageContext
+
+__all__ = ["Stage0", "NoOpOptimizer"]
+
+log = logging.getLogger("dscore.zero.stage0")
+
+_DEFAULT_BUCKET = 500_000_000
+
+
+class NoOpOptimizer(torch.optim.Optimizer):
+    """Holds parameter groups (with ``lr``) but never changes parameters.
+
+    Used for bf16 without an optimizer, where DeepSpeed returns a wrapper around its ``DummyOptim`` so
+    that ``engine.optimizer`` is not None.
+    """
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {"lr": 0.0})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # noqa: D401 - torch signature
+        return closure() if closure is not None else None
+
+
+class _FlatGroup:
+    """One contiguous buffer holding the gradients of all parameters of one (device, dtype).
+
+    Attributes:
+        params: the parameters, in buffer order.
+        grad: 1-D tensor, dtype/device of the parameters, length = total numel; ``p.grad`` are views of it.
+        data: 1-D tensor holding the parameters themselves (only with master weights), else None.
+        master: 1-D fp32 copy of ``data`` (only with master weights), else None.
+        master_grad: 1-D fp32 gradient of ``master`` (only with master weights), else None.
+        master_params: fp32 leaf tensors that are views of ``master``, one per parameter.
+    """
+
+    def __init__(self, params: list[torch.nn.Parameter], *, master_weights: bool) -> None:
+        self.params = params
+        first = params[0]
+        numel = sum(p.numel() for p in params)
+        self.grad = torch.zeros(numel, dtype=first.dtype, device=first.device)
+        self.data: torch.Tensor | None = None
+        self.master: torch.Tensor | None = None
+        self.master_grad: torch.Tensor | None = None
+        self.master_params: list[torch.Tensor] = []
+        if master_weights:
+            self.data = torch.empty(numel, dtype=first.dtype, device=first.device)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            if self.data is not None:
+                self.data[offset : offset + n].copy_(p.detach().reshape(-1))
+                p.data = self.data[offset : offset + n].view_as(p)
+            p.grad = self.grad[offset : offset + n].view_as(p)
+            offset += n
+        if master_weights:
+            assert self.data is not None
+            self.master = self.data.detach().to(torch.float32)
+            self.master_grad = torch.zeros_like(self.master)
+            offset = 0
+            for p in params:
+                n = p.numel()
+                mp = torch.nn.Parameter(self.master[offset : offset + n].view_as(p))
+                mp.grad = self.master_grad[offset : offset + n].view_as(p)
+                self.master_params.append(mp)
+                offset += n
+
+    def reduce_target(self) -> torch.Tensor:
+        """The buffer the optimizer's gradients live in (fp32 master gradient or the module gradient)."""
+        return self.master_grad if self.master_grad is not None else self.grad
+
+
+class Stage0(ZeroStage):
+    """Plain data parallelism with flat gradient buffers, optional fp32 master weights, loss scaling.
+
+    Args:
+        ctx: see :class:`dscore.runtime.zero_api.ZeroStageContext`. Reads ``config.gradient_clipping``,
+            ``config.gradient_allreduce_op``, ``config.gradient_predivide_factor``,
+            ``config.prescale_gradients`` and ``zero_optimization.reduce_bucket_size`` (elements).
+
+    Raises:
+        ConfigError: a parameter appears in two groups, or an optimizer was given together with
+            parameters it does not hold.
+    """
+
+    stage = 0
+
+    def __init__(self, ctx: ZeroStageContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.config
+        self.precision = ctx.precision
+        self.loss_scaler = ctx.loss_scaler
+        self.clip = float(getattr(cfg, "gradient_clipping", 0.0) or 0.0)
+        self.check_overflow = bool(getattr(ctx.precision, "check_overflow", False))
+        self._sum_op = str(getattr(cfg, "gradient_allreduce_op", "mean")).lower() == "sum"
+        self._prescale = bool(getattr(cfg, "prescale_gradients", False))
+        self._predivide = float(getattr(cfg, "gradient_predivide_factor", 1.0) or 1.0)
+        zero_cfg = cfg.section("zero_optimization") if hasattr(cfg, "section") else None
+        bucket = getattr(zero_cfg, "reduce_bucket_size", None)
+        self.bucket_numel = int(bucket) if isinstance(bucket, (int, float)) and bucket > 0 else _DEFAULT_BUCKET
+        self.world_size = int(ctx.comm.get_world_size()) if ctx.comm is not None else 1
+        self.master_weights = ctx.precision.compute_dtype in (torch.float16, torch.bfloat16)
+
+        params = _unique_params(ctx.param_groups)
+        by_key: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
+        for p in params:
+            by_key.setdefault((p.device, p.dtype), []).append(p)
+        self.groups = [_FlatGroup(ps, master_weights=self.master_weights) for ps in by_key.values()]
+        self._reduced = False
+        self._overflow = False
+
+        # Map module parameter -> the tensor the optimizer updates.
+        target: dict[int, torch.Tensor] = {}
+        for g in self.groups:
+            for p, mp in zip(g.params, g.master_params or g.params):
+                target[id(p)] = mp
+        self._optimizer = self._build_optimizer(target)
+        self._flat_optimizer_grads = [g.reduce_target() for g in self.groups]
+        log.debug(
+            "stage 0: %d parameter(s) in %d flat buffer(s), master weights=%s, world=%d",
+            len(params),
+            len(self.groups),
+            self.master_weights,
+            self.world_size,
+        )
+
+    # ------------------------------------------------------------------ construction helpers
+    def _build_optimizer(self, target: dict[int, torch.Tensor]) -> torch.optim.Optimizer | None:
+        ctx = self.ctx
+        if ctx.client_optimizer is not None:
+            opt = ctx.client_optimizer
+            opt.param_groups[:] = [g for g in opt.param_groups if len(g["params"]) > 0]
+            for group in opt.param_groups:
+                missing = [i for i, p in enumerate(group["params"]) if id(p) not in target]
+                if missing:
+                    raise ConfigError(
+                        "the client optimizer holds parameters that are not trainable parameters of the model "
+                        f"(group positions {missing[:5]}); build it over model.parameters() or pass "
+                        "model_parameters matching it"
+                    )
+                if self.master_weights:
+                    group["params"] = [target[id(p)] for p in group["params"]]
+            if self.master_weights and opt.state:
+                opt.state = type(opt.state)({target.get(id(k), k): v for k, v in opt.state.items()})
+        elif ctx.optimizer_factory is not None:
+            groups = [{**g, "params": [target[id(p)] for p in g["params"]]} for g in ctx.param_groups if g["params"]]
+            opt = ctx.optimizer_factory(groups)
+        elif self.precision.name == "bf16" and self.master_weights:
+            opt = NoOpOptimizer([target[id(p)] for g in ctx.param_groups for p in g["params"]])
+        else:
+            return None
+        # Zeroing through the optimizer must keep the flat buffers (and the views) alive.
+        opt.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
+        return opt
+
+    def _zero_grad_from_optimizer(self, set_to_none: bool = True) -> None:
+        self.zero_grad()
+
+    # ------------------------------------------------------------------ contract
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        return self._optimizer
+
+    def backward(
+        self, loss: torch.Tensor, *, boundary: bool, sync: bool = True, retain_graph: bool = False
+    ) -> None:
+        """``loss.backward()`` into the flat buffers; at a synced boundary all-reduce them (averaged)."""
+        loss.backward(retain_graph=retain_graph)
+        if boundary and sync:
+            self._reduce()
+
+    def _reduce(self) -> None:
+        self._reduced = True
+        world = self.world_size
+        if world == 1:
+            return
+        # DeepSpeed's order: divide by the world size before the sum (or by gradient_predivide_factor
+        # with prescale_gradients, then by world/factor after it); "sum" divides by nothing.
+        if self._sum_op:
+            pre, post = 1.0, 1.0
+        elif self._prescale:
+            pre, post = self._predivide, world / self._predivide
+        else:
+            pre, post = float(world), 1.0
+        comm = self.ctx.comm
+        bufs = [g.grad for g in self.groups]
+        if pre != 1.0:
+            torch._foreach_div_(bufs, pre)
+        # all buckets in flight at once, then wait (the backend pipelines them)
+        works = [
+            comm.all_reduce(buf[start : start + self.bucket_numel], op="sum", async_op=True)
+            for buf in bufs
+            for start in range(0, buf.numel(), self.bucket_numel)
+        ]
+        for work in works:
+            work.wait()
+        if post != 1.0:
+            torch._foreach_div_(bufs, post)
+
+    def step(self) -> StepOutcome:
+        """Unscale, check overflow, clip, step, zero. See the module docstring for the exact order."""
+        if not self._reduced:
+            self._reduce()
+        self._reduced = False
+        scale = float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
+        if self.master_weights:
+            for g in self.groups:
+                assert g.master_grad is not None
+                g.master_grad.copy_(g.grad)
+        flats = self._flat_optimizer_grads
+        need_norm = self.clip > 0.0 or self.check_overflow
+        norm: torch.Tensor | None = None
+        if need_norm and flats:
+            norms = [torch.linalg.vector_norm(f, dtype=torch.float32) for f in flats]
+            norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+        overflow = False
+        if self.check_overflow and norm is not None:
+            overflow = not bool(torch.isfinite(norm))  # the one device sync of a checked step
+        skip = self.loss_scaler.update(overflow) if self.loss_scaler is not None else overflow
+        if skip or overflow:
+            self.zero_grad()
+            return StepOutcome(applied=False, overflow=overflow, global_grad_norm=None)
+        if norm is not None and scale != 1.0:
+            norm = norm / scale
+        if flats:
+            if self.clip > 0.0:
+                assert norm is not None
+                coef = torch.clamp(self.clip / (norm + 1e-6), max=1.0)
+                if scale != 1.0:
+                    coef = coef / scale
+                torch._foreach_mul_(flats, coef) if len(flats) > 1 else flats[0].mul_(coef)
+            elif scale != 1.0:
+                torch._foreach_mul_(flats, 1.0 / scale)
+        if self._optimizer is not None:
+            self._optimizer.step()
+        if self.master_weights:
+            for g in self.groups:
+                assert g.data is not None and g.master is not None
+                g.data.copy_(g.master)
+        self.zero_grad()
+        return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)
+
+    def zero_grad(self) -> None:
+        """Zero every flat gradient buffer in place (the ``.grad`` views stay attached)."""
+        self._reduced = False
+        bufs = [g.grad for g in self.groups] + [g.master_grad for g in self.groups if g.master_grad is not None]
+        if bufs:
+            torch._foreach_zero_(bufs)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _named(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        names = {id(p): n for n, p in self.ctx.module.named_parameters()}
+        for g in self.groups:
+            for p in g.params:
+                yield names.get(id(p), f"param_{id(p)}"), p
+
+    def _opt_param_names(self) -> dict[int, str]:
+        """id(tensor the optimizer updates) -> module parameter name."""
+        out: dict[int, str] = {}
+        names = {id(p): n for n, p in self.ctx.module.named_parameters()}
+        for g in self.groups:
+            for p, mp in zip(g.params, g.master_params or g.params):
+                out[id(mp)] = names.get(id(p), f"param_{id(p)}")
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state keyed by parameter name (see :meth:`ZeroStage.state_dict`)."""
+        names = self._opt_param_names()
+        out: dict[str, Any] = {"param_names": [n for n, _ in self._named()], "state": {}, "param_groups": []}
+        if self._optimizer is not None:
+            for group in self._optimizer.param_groups:
+                hyper = {k: v for k, v in group.items() if k != "params"}
+                hyper["param_names"] = [names[id(p)] for p in group["params"]]
+                out["param_groups"].append(hyper)
+                for p in group["params"]:
+                    state = self._optimizer.state.get(p)
+                    if state:
+                        out["state"][names[id(p)]] = {
+                            k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in state.items()
+                        }
+        if self.master_weights:
+            out["fp32_params"] = {names[id(mp)]: mp.detach().clone() for g in self.groups for mp in g.master_params}
+        if self.loss_scaler is not None:
+            out["loss_scaler"] = self.loss_scaler.state_dict()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
+        """Restore :meth:`state_dict` output (any world size: stage 0 state is not partitioned).
+
+        Without ``load_optimizer_states`` only the fp32 master weights are refreshed from the module (so
+        they match loaded 16-bit weights). Raises ``KeyError`` naming a parameter missing in ``state``.
+        """
+        names = self._opt_param_names()
+        by_name = {names[id(mp)]: mp for g in self.groups for mp in (g.master_params or g.params)}
+        with torch.no_grad():
+            if self.master_weights:
+                fp32 = state.get("fp32_params") if load_optimizer_states else None
+                for g in self.groups:
+                    assert g.master is not None and g.data is not None
+                    if fp32:
+                        for mp in g.master_params:
+                            mp.copy_(fp32[names[id(mp)]])
+                    else:
+                        g.master.copy_(g.data)
+        if not load_optimizer_states or self._optimizer is None:
+            return
+        if self.loss_scaler is not None and "loss_scaler" in state:
+            self.loss_scaler.load_state_dict(state["loss_scaler"])
+        saved_groups = state.get("param_groups", [])
+        if len(saved_groups) != len(self._optimizer.param_groups):
+            raise ConfigError(
+                f"checkpoint has {len(saved_groups)} optimizer parameter group(s), the engine has "
+                f"{len(self._optimizer.param_groups)}"
+            )
+        for group, saved in zip(self._optimizer.param_groups, saved_groups):
+            for k, v in saved.items():
+                if k not in ("params", "param_names"):
+                    group[k] = v
+        self._optimizer.state.clear()
+        for name, pstate in state.get("state", {}).items():
+            p = by_name[name]
+            self._optimizer.state[p] = {
+                k: (v.to(device=p.device) if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in pstate.items()
+            }
+
+    def module_state_dict(self) -> dict[str, torch.Tensor]:
+        """The module's own state dict (stage 0 holds full parameters on every rank)."""
+        return self.ctx.module.state_dict()
+
+    def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
+        """Load full weights into the module (in place, keeping the flat buffers) and refresh fp32 masters."""
+        self.ctx.module.load_state_dict(state, strict=strict)
+        if self.master_weights:
+            with torch.no_grad():
+                for g in self.groups:
+                    assert g.master is not None and g.data is not None
+                    g.master.copy_(g.data)
+
+    def partition_bytes(self) -> dict[str, int]:
+        opt_bytes = 0
+        if self._optimizer is not None:
+            for s in self._optimizer.state.values():
+                opt_bytes += sum(v.numel() * v.element_size() for v in s.values() if torch.is_tensor(v))
+        params = sum(g.grad.numel() * g.grad.element_size() for g in self.groups)
+        masters = sum(g.master.numel() * 4 for g in self.groups if g.master is not None)
+        grads = params + sum(g.master_grad.numel() * 4 for g in self.groups if g.master_grad is not None)
+        return {"optimizer_state": opt_bytes + masters, "parameters": params, "gradients": grads}
+
+
+def _unique_params(param_groups: list[dict[str, Any]]) -> list[torch.nn.Parameter]:
+    seen: set[int] = set()
+    out: list[torch.nn.Parameter] = []
+    for group in param_groups:
+        for p in group["params"]:
+            if id(p) in seen:
+                raise ConfigError(
+                    "a parameter appears more than once in model_parameters / the optimizer's groups; "
+                    "each trainable parameter must belong to exactly one group"
+                )
+            seen.add(id(p))
+            out.append(p)
+    return out

@@ -1,0 +1,35 @@
+"""Fixtures of the op tests: one real ninja build per CPU op per session, into a temporary cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ops_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh ``TORCH_EXTENSIONS_DIR`` for the whole session (so every test run really compiles)."""
+    root = tmp_path_factory.mktemp("torch_extensions")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_EXTENSIONS_DIR", str(root))
+        mp.delenv("DSCORE_CPU_SIMD", raising=False)
+        yield root
+
+
+@pytest.fixture(autouse=True)
+def _ops_cache_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests that use built ops see the session cache even after per-test env resets."""
+    if "ops_cache" in request.fixturenames or "cpu_ops" in request.fixturenames:
+        root = request.getfixturevalue("ops_cache")
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
+
+
+@pytest.fixture(scope="session")
+def cpu_ops(ops_cache: Path) -> dict[str, ModuleType]:
+    """cpu_adam, cpu_adagrad and cpu_lion, each compiled once with ninja into ``ops_cache``."""
+    from dscore.ops import get_op_builder
+
+    return {name: get_op_builder(name).load() for name in ("cpu_adam", "cpu_adagrad", "cpu_lion")}
