@@ -52,10 +52,14 @@ def main() -> int:
         times: dict[str, list[float]] = {"dscore run": [], "torchrun": []}
         timed([*dscore_argv, "run", "-q", "--num_gpus", "2", script])  # warm the page cache for both
         timed([*torchrun_argv, "--nproc_per_node", "2", "--master_port", str(free_port()), script])
+        dscore_shm: set[str] = set()
         for _ in range(args.rounds):
+            before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
             times["dscore run"].append(
                 timed([*dscore_argv, "run", "-q", "--num_gpus", "2", "--master_port", str(free_port()), script])
             )
+            after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+            dscore_shm |= after - before
             times["torchrun"].append(
                 timed([*torchrun_argv, "--nproc_per_node", "2", "--master_port", str(free_port()), script])
             )
@@ -66,7 +70,10 @@ def main() -> int:
     print(f"({env_note})")
     print(f"ratio dscore run / torchrun = {ratio:.2f}  (target <= 1.2)")
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    print(f"new files in /dev/shm: {sorted(shm_after - shm_before) or 'none'}")
+    print(f"new files in /dev/shm during dscore rounds: {sorted(dscore_shm) or 'none'}")
+    print(
+        f"new files in /dev/shm during the whole run (any process on the machine): {sorted(shm_after - shm_before) or 'none'}"
+    )
     return 0
 
 

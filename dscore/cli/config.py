@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="data-parallel world size for the batch triangle (default: $WORLD_SIZE, else 1)",
     )
     check.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    check.add_argument("--lenient", action="store_true", help="unknown keys are warnings (like \"strict\": false)")
+    check.add_argument("--lenient", action="store_true", help='unknown keys are warnings (like "strict": false)')
 
 
 def _offload_device(zero: Any, name: str) -> str | None:

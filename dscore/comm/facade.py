@@ -20,6 +20,7 @@ Ranks passed to :meth:`Comm.broadcast` (``src``) are global ranks, as in torch.d
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -133,6 +134,8 @@ class Comm:
         self._emulated: set[str] = set(forced)
 
     def __repr__(self) -> str:
+        if not self.is_initialized():
+            return f"Comm(backend={self.backend!r}, no process group)"
         return f"Comm(backend={self.backend!r}, rank={self.get_rank()}, world_size={self.get_world_size()})"
 
     # ---------------------------------------------------------------- identity
@@ -156,8 +159,6 @@ class Comm:
         """Rank of this process among those of its node (``LOCAL_RANK``)."""
         if self.env is not None:
             return self.env.local_rank
-        import os
-
         return int(os.environ.get("LOCAL_RANK", "0"))
 
     def get_backend(self, group: Any = None) -> str:

@@ -34,12 +34,8 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     group.add_argument(
         "--deepspeed_config", default=None, type=str, help="Path to the ds_config JSON/Hjson file (or base64 text)"
     )
-    group.add_argument(
-        "--deepscale", default=False, action="store_true", help="Deprecated alias of --deepspeed"
-    )
-    group.add_argument(
-        "--deepscale_config", default=None, type=str, help="Deprecated alias of --deepspeed_config"
-    )
+    group.add_argument("--deepscale", default=False, action="store_true", help="Deprecated alias of --deepspeed")
+    group.add_argument("--deepscale_config", default=None, type=str, help="Deprecated alias of --deepspeed_config")
     from dscore.plugin_manager import create_plugin_manager
 
     create_plugin_manager().call("dscore_add_config_arguments", parser=parser)

@@ -64,14 +64,16 @@ def scan_auto(data: dict[str, Any], model: type[BaseModel]) -> tuple[list[Pendin
                     (
                         path,
                         f'{path}: unresolved "auto": dscore cannot derive this value; write a concrete value '
-                        "(\"auto\" is resolved only for the third batch key and for ZeRO bucket sizes from the "
+                        '("auto" is resolved only for the third batch key and for ZeRO bucket sizes from the '
                         "model's hidden size)",
                         sub_keys,
                     )
                 )
                 del node[key]
                 continue
-            walk(value, model_at(current, [key]) if current is not None else None, sub_keys, (*names, field or str(key)))
+            walk(
+                value, model_at(current, [key]) if current is not None else None, sub_keys, (*names, field or str(key))
+            )
 
     walk(data, model, (), ())
     return pending, problems

@@ -81,7 +81,9 @@ def resolve_batch(raw: dict[str, Any], *, world_size: int, world_size_source: st
     """
     where = f"world size {world_size} ({world_size_source})"
     autos = [k for k in BATCH_KEYS if is_auto(raw.get(k))]
-    values: dict[str, int | None] = {k: None if is_auto(raw.get(k)) else _as_int(k, raw.get(k), source) for k in BATCH_KEYS}
+    values: dict[str, int | None] = {
+        k: None if is_auto(raw.get(k)) else _as_int(k, raw.get(k), source) for k in BATCH_KEYS
+    }
     given = [k for k in BATCH_KEYS if values[k] is not None]
     if autos and len(given) < 2:
         listed = ", ".join(f"{k} = {raw.get(k)!r}" for k in BATCH_KEYS if k in raw)

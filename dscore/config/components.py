@@ -14,10 +14,32 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from dscore.config.errors import Problem, problems_from_validation, short_repr
-from dscore.errors import ComponentNotFoundError, PluginLoadError
+from dscore.errors import ComponentNotFoundError, PluginLoadError, did_you_mean
 from dscore.specs import resolve
 
 __all__ = ["validate_components", "COMPONENT_BLOCKS"]
+
+_TORCH_MODULES = {"optimizer": "torch.optim", "lr_scheduler": "torch.optim.lr_scheduler"}
+
+
+def _torch_class_names(kind: str) -> list[str]:
+    """Names of the optimizer (or LR scheduler) classes torch provides.
+
+    torch is imported only here, i.e. only when a config names a component no plugin registers, so
+    validating an ordinary config stays torch-free.
+    """
+    import importlib
+
+    try:
+        module = importlib.import_module(_TORCH_MODULES[kind])
+        base = module.Optimizer if kind == "optimizer" else module.LRScheduler
+    except (ImportError, AttributeError):
+        return []
+    return sorted(
+        name
+        for name, obj in vars(module).items()
+        if isinstance(obj, type) and issubclass(obj, base) and obj is not base and not name.startswith("_")
+    )
 
 #: top-level block -> registry kind of the component it selects.
 COMPONENT_BLOCKS: dict[str, str] = {"optimizer": "optimizer", "scheduler": "lr_scheduler"}
@@ -89,7 +111,20 @@ def validate_components(data: dict[str, Any], registry: Any, warn: Callable[[str
         try:
             spec = registry.get(kind, name, config_path=f"{key}.type")
         except ComponentNotFoundError as exc:
-            problems.append((f"{key}.type", f"{key}.type: {exc}", (key, "type")))
+            torch_names = _torch_class_names(kind) if "torch" in {n.lower() for n in registry.names(kind)} else []
+            if any(n.lower() == name.lower() for n in torch_names):
+                continue  # any torch.optim / torch.optim.lr_scheduler class by name; torch checks its params
+            close = did_you_mean(name, [*exc.available, *torch_names])
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            problems.append(
+                (
+                    f"{key}.type",
+                    f"{key}.type: {name!r} is neither a registered {kind.replace('_', ' ')} "
+                    f"({', '.join(exc.available)}) nor a class of {_TORCH_MODULES[kind]}.{hint} "
+                    "A plugin providing it may not be installed (see `dscore plugins list`).",
+                    (key, "type"),
+                )
+            )
             continue
         model = _params_model(spec, registry)
         if model is None or not isinstance(params, dict):

@@ -29,7 +29,7 @@ def format_path(keys: Sequence[Any]) -> str:
     for key in keys:
         if isinstance(key, int) and not isinstance(key, bool):
             out += f"[{key}]"
-        elif not isinstance(key, str) or not key or any(c in key for c in ".[]\"") or key != key.strip():
+        elif not isinstance(key, str) or not key or any(c in key for c in '.[]"') or key != key.strip():
             out += f"[{json.dumps(key) if isinstance(key, str) else repr(key)}]"  # a key that is not dotted-path safe
         else:
             out += f".{key}" if out else key

@@ -166,7 +166,7 @@ def load_config(
             gradient_accumulation_steps=batch.gradient_accumulation_steps,
         )
         if batch.derived:
-            log.info(
+            log.debug(
                 "%s: batch triangle: train_batch_size=%d, train_micro_batch_size_per_gpu=%d, "
                 "gradient_accumulation_steps=%d (derived %s; world size %d)",
                 name,
@@ -194,16 +194,13 @@ def load_config(
                 break
             for _path, message, _keys in removable:
                 warn(f"{message} (ignored because strict is false)")
-    if not batch_ok:
-        cfg = None
     if cfg is not None:
         problems += cross_check(cfg, registry)
     raise_problems(_dedupe(problems), source=name)
-    assert cfg is not None
+    assert cfg is not None and batch_ok  # a failed batch triangle left a problem, raised above
     cfg._warnings = warnings
     cfg._source_name = name
     cfg._raw = raw
     cfg._pending_auto = tuple(pending)
     cfg._world_size = world_size
     return cfg
-

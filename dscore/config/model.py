@@ -33,6 +33,7 @@ __all__ = [
     "PluginsConfig",
     "DscoreConfig",
     "SectionInfo",
+    "PendingAuto",
     "CORE_KEYS",
     "build_config_model",
     "normalize_dtype",
@@ -303,11 +304,11 @@ class DscoreConfig(SectionModel):
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size <= 0:
             paths = ", ".join(self.pending_auto)
             raise ConfigError(
-                f"{self._source_name}: cannot resolve \"auto\" at {paths}: the model's hidden size must be a "
+                f'{self._source_name}: cannot resolve "auto" at {paths}: the model\'s hidden size must be a '
                 f"positive integer, got {hidden_size!r}",
                 path=self._pending_auto[0].path,
                 source=self._source_name,
-                errors=[(p.path, f"unresolved \"auto\" (hidden size {hidden_size!r})") for p in self._pending_auto],
+                errors=[(p.path, f'unresolved "auto" (hidden size {hidden_size!r})') for p in self._pending_auto],
             )
         new: BaseModel = self
         raw = _copy_json(self._raw)

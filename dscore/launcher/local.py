@@ -11,7 +11,8 @@ before SIGKILL; dscore reacts at once and uses :data:`TERMINATE_GRACE_S`):
   with the same SIGKILL escalation;
 * the launcher's exit code is the first failing rank's code (128+N for death by signal N), or 128+N
   when the launcher itself was stopped by signal N;
-* at the end every rank's process group is killed (leftover grandchildren), and on Linux the launcher
+* when a rank exits, whatever is left in its process group is killed; at the end every rank's process
+  group is killed again (leftover grandchildren), and on Linux the launcher
   is a child subreaper, so grandchildren that escaped with ``setsid`` are reparented to it and killed;
 * on Linux every rank has ``PR_SET_PDEATHSIG=SIGKILL``, so even a launcher killed by SIGKILL takes its
   ranks with it.
@@ -43,6 +44,7 @@ __all__ = [
     "parse_range_list",
     "supervise",
     "become_subreaper",
+    "check_core_binding_tool",
     "PidFile",
 ]
 
@@ -219,6 +221,21 @@ def build_rank_processes(
     return procs
 
 
+def check_core_binding_tool(specs: Sequence[ProcessSpec]) -> None:
+    """Fail before starting anything when ``--bind_cores_to_rank`` needs ``numactl`` and it is missing.
+
+    Raises:
+        LauncherError: a spec starts with ``numactl`` and no ``numactl`` is on ``PATH``.
+    """
+    import shutil
+
+    if any(spec.argv[:1] == ["numactl"] for spec in specs) and shutil.which("numactl") is None:
+        raise LauncherError(
+            "--bind_cores_to_rank needs numactl, which is not on PATH; install numactl (package 'numactl') "
+            "or drop --bind_cores_to_rank"
+        )
+
+
 def become_subreaper() -> bool:
     """Make this process a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``).
 
@@ -309,7 +326,6 @@ class _Supervisor:
         self.live: dict[int, tuple[ProcessSpec, subprocess.Popen[bytes]]] = {}
         self.groups: list[int] = []
         self.stopping = False
-        self.killed = False
         self.exit_code = 0
         self.launcher_signal: int | None = None
 
@@ -330,7 +346,6 @@ class _Supervisor:
                 self.grace_s,
                 ", ".join(spec.name() for spec, _ in self.live.values()),
             )
-        self.killed = True
         self._signal_groups(signal.SIGKILL, list(self.live))
 
     def stop(self, signum: int) -> None:

@@ -146,7 +146,7 @@ def _watch_stdin() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (2 for bad arguments, else the job's code)."""
-    from dscore.launcher.local import become_subreaper, build_rank_processes, supervise
+    from dscore.launcher.local import become_subreaper, build_rank_processes, check_core_binding_tool, supervise
 
     logging.basicConfig(level=logging.INFO, format="[dscore.node] %(levelname)s %(message)s")
     args = _parser().parse_args(argv)
@@ -171,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bind_cores_to_rank=args.bind_cores_to_rank,
             bind_core_list=args.bind_core_list,
         )
+        check_core_binding_tool(specs)
         if args.stdin_watchdog:
             for spec in specs:
                 spec.stdin = "devnull"

@@ -32,11 +32,18 @@ from dscore.errors import LauncherError
 from dscore.launcher.accel import AcceleratorLaunchInfo, resolve_launch_info
 from dscore.launcher.envfile import collect_exports
 from dscore.launcher.hostfile import Host, load_hostfile
-from dscore.launcher.local import PidFile, ProcessSpec, become_subreaper, build_rank_processes, supervise
+from dscore.launcher.local import (
+    PidFile,
+    ProcessSpec,
+    become_subreaper,
+    build_rank_processes,
+    check_core_binding_tool,
+    supervise,
+)
 from dscore.launcher.resources import WorldInfo, select_resources
 from dscore.launcher.runners import RUNNERS, Runner, RunnerContext, get_runner
 
-__all__ = ["Plan", "build_plan", "execute", "format_plan"]
+__all__ = ["Plan", "build_plan", "dumps", "execute", "format_plan"]
 
 log = logging.getLogger("dscore.launcher")
 
@@ -126,7 +133,7 @@ def _local_pool(
             raise LauncherError(
                 f"{var}={visible!r} is not a comma-separated list of device indices; unset it or give indices"
             ) from None
-        if args.include or args.exclude or args.num_nodes > 1 or args.num_gpus > 0:
+        if args.include or args.exclude or args.num_nodes > 1 or args.num_gpus >= 0:
             log.info("%s=%s is ignored because a filter or --num_gpus was given", var, visible)
         else:
             include = "localhost:" + ",".join(map(str, slots))
@@ -284,13 +291,15 @@ def execute(plan: Plan) -> int:
     Both are supervised by :func:`~dscore.launcher.local.supervise`.
 
     Raises:
-        LauncherError: the runner's executable is not installed, or the pid file exists.
+        LauncherError: the runner's executable (or numactl for core binding) is not installed, or the pid
+            file exists.
     """
     if plan.binary and shutil.which(plan.binary) is None:
         raise LauncherError(
             f"--launcher {plan.runner} needs {plan.binary!r}, which is not on PATH; install it or choose another "
             f"launcher ({', '.join(RUNNERS)}), or --no_ssh on each node"
         )
+    check_core_binding_tool(plan.commands)
     become_subreaper()
     if plan.save_pid:
         with PidFile():

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from dscore.errors import ConfigError
@@ -101,6 +102,9 @@ class DscoreDataLoader:
             drop_last=drop_last,
             pin_memory=pin_memory,
             num_workers=num_workers,
+            # A private generator: starting an epoch (iter()) must not draw from the global torch RNG, or a
+            # resumed run (which starts one more iterator) would see different dropout masks afterwards.
+            generator=torch.Generator().manual_seed(seed),
         )
         self.drop_last = drop_last
         self.epoch = 0

@@ -128,9 +128,7 @@ class DscoreEngine(torch.nn.Module):
         self._steps_per_print = getattr(config, "steps_per_print", None) or 0
         fp16 = config.section("fp16") if hasattr(config, "section") else None
         self._auto_cast_dtype = precision.compute_dtype if getattr(fp16, "auto_cast", False) else None
-        self._timers = (
-            PhaseTimers(self._synchronize) if bool(getattr(config, "wall_clock_breakdown", False)) else None
-        )
+        self._timers = PhaseTimers(self._synchronize) if bool(getattr(config, "wall_clock_breakdown", False)) else None
         # Losses are accumulated (as tensors, no device sync) only when someone reads them.
         self._track_loss = rank == 0 and (bool(self._steps_per_print) or bool(self.monitors))
         self._step_loss: torch.Tensor | None = None
@@ -252,7 +250,9 @@ class DscoreEngine(torch.nn.Module):
             EngineError: there is no optimizer, or ``loss`` is not a scalar.
         """
         if self.zero_stage_impl.optimizer is None:
-            raise EngineError("engine.backward() needs an optimizer: pass optimizer= or set optimizer.type in ds_config")
+            raise EngineError(
+                "engine.backward() needs an optimizer: pass optimizer= or set optimizer.type in ds_config"
+            )
         if loss.dim() != 0:
             raise EngineError(f"engine.backward() needs a scalar loss, got a tensor of shape {tuple(loss.shape)}")
         timers = self._timers
@@ -510,13 +510,21 @@ class DscoreEngine(torch.nn.Module):
 
     # ------------------------------------------------------------------ checkpoint API (delegates)
     def save_checkpoint(
-        self, save_dir: str, tag: str | None = None, client_state: dict[str, Any] | None = None, save_latest: bool = True
+        self,
+        save_dir: str,
+        tag: str | None = None,
+        client_state: dict[str, Any] | None = None,
+        save_latest: bool = True,
     ) -> bool:
         """Save a checkpoint on every rank (see :func:`dscore.checkpoint.save_checkpoint`). Returns True."""
         from dscore import checkpoint
 
         return checkpoint.save_checkpoint(
-            self, save_dir, tag=tag, client_state=client_state if client_state is not None else {}, save_latest=save_latest
+            self,
+            save_dir,
+            tag=tag,
+            client_state=client_state if client_state is not None else {},
+            save_latest=save_latest,
         )
 
     def load_checkpoint(
@@ -550,7 +558,9 @@ class DscoreEngine(torch.nn.Module):
     save_fp16_model = save_16bit_model
 
 
-def _cast_inputs(args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _cast_inputs(
+    args: tuple[Any, ...], kwargs: dict[str, Any], dtype: torch.dtype
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
     def cast(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             return value.to(dtype)

@@ -169,7 +169,9 @@ def _assemble(
     collate_fn: Any,
 ) -> tuple[DscoreEngine, Any, Any, Any]:
     manager, registry, accelerator, comm = runtime.plugin_manager, runtime.registry, runtime.accelerator, runtime.comm
-    manager.call("dscore_configure", config=cfg)
+    # historic hook: plugins registered later still receive it (pluggy refuses a plain call)
+    if manager.has_implementations("dscore_configure"):
+        manager.pm.hook.dscore_configure.call_historic(kwargs={"config": cfg})
     rank = int(comm.get_rank())
     dp_world = int(comm.get_world_size())
 
@@ -308,7 +310,9 @@ def _select_precision(cfg: Any, registry: Any) -> PrecisionMode:
             enabled.append(spec)
     if len(enabled) > 1:
         keys = " and ".join(f"{s.config_key}.enabled" for s in enabled)
-        raise ConfigError(f"{keys} are both true; enable at most one precision mode", path=f"{enabled[0].config_key}.enabled")
+        raise ConfigError(
+            f"{keys} are both true; enable at most one precision mode", path=f"{enabled[0].config_key}.enabled"
+        )
     spec = enabled[0] if enabled else default
     if spec is None:
         spec = registry.get_typed(PrecisionSpec, "fp32", config_path="fp16.enabled/bf16.enabled")
@@ -380,4 +384,3 @@ def _create_monitors(cfg: Any, registry: Any, rank: int) -> list[Any]:
             out.append(resolve(spec.factory)(block, rank))
             log.info("monitor %s enabled (%s)", spec.name, spec.config_key)
     return out
-

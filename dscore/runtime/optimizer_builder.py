@@ -198,7 +198,9 @@ def build_lr_scheduler(config: Any, registry: Any, optimizer: Any, client: Any) 
         factory = resolve(spec.factory)
         params = dict(sched_cfg.params or {})
         if client is not None:
-            log.warning("both scheduler.type=%r and a client lr_scheduler were given; using the config's", sched_cfg.type)
+            log.warning(
+                "both scheduler.type=%r and a client lr_scheduler were given; using the config's", sched_cfg.type
+            )
         if fallback:
             return factory(optimizer, type_name=sched_cfg.type, **params)
         return factory(optimizer, **params)

@@ -142,8 +142,23 @@ class FlatUnit:
                 self.wait()
             return
         self._ensure_storage()
-        self._handle = self.coll.all_gather(self.full, self.partition, async_op=async_op)
+        self._launch(async_op)
         self.gathered = True
+        if not async_op:
+            self.wait()
+
+    def _launch(self, async_op: bool) -> None:
+        src = self.partition
+        if src.device != self.full.device:  # parameter offload: partition lives on the host
+            src = src.to(self.full.device, non_blocking=True)
+        self._handle = self.coll.all_gather(self.full, src, async_op=async_op)
+
+    def refresh(self, *, async_op: bool = False) -> None:
+        """Re-gather a gathered unit after its partition changed (e.g. after an optimizer step)."""
+        if not self.gathered:
+            return
+        self.wait()
+        self._launch(async_op)
         if not async_op:
             self.wait()
 

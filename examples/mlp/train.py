@@ -9,7 +9,8 @@ Several processes (each trains on its own shard; gradients are averaged)::
     dscore run --num_gpus 2 examples/mlp/train.py      # or: torchrun --nproc_per_node 2 examples/mlp/train.py
 
 The ds_config next to this file picks AdamW and a linear warm-up; pass ``--deepspeed_config`` to use
-another. The script prints the held-out accuracy at the end (>= 0.90 expected after the default epochs).
+another. The script prints the held-out accuracy at the end (about 0.97 after the default 12 epochs;
+0.90 is the bar the integration test holds it to).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def load_data(seed: int) -> tuple[torch.utils.data.TensorDataset, torch.Tensor, 
 
 def main() -> float:
     parser = argparse.ArgumentParser(description="dscore MLP on sklearn digits")
-    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser = dscore.add_config_arguments(parser)
     args = parser.parse_args()

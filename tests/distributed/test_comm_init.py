@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from dscore.testing import DistributedTestFailure, run_distributed
+from dscore.testing import run_distributed
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -38,8 +38,18 @@ def _single_process_fallback() -> dict[str, object]:
         out["not_required_error"] = str(exc)
     assert not dist.is_initialized()
 
-    comm = dscore.init_distributed()
+    class Recorder:
+        calls: list[tuple[int, int, str]] = []
+
+        @dscore.hookimpl
+        def dscore_distributed_initialized(self, rank: int, world_size: int, backend: str) -> None:
+            self.calls.append((rank, world_size, backend))
+
+    from dscore.plugin_manager import create_plugin_manager
+
+    comm = dscore.init_distributed(plugin_manager=create_plugin_manager(extra_plugins=[("recorder", Recorder())]))
     assert comm.env is not None
+    out["hook_calls"] = list(Recorder.calls)
     out["env"] = (comm.env.rank, comm.env.world_size, comm.env.local_rank, comm.env.source, comm.env.master_addr)
     out["backend"] = (comm.backend, str(dist.get_backend()))
     out["exported"] = (os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["LOCAL_RANK"])
@@ -68,6 +78,7 @@ def test_single_process_fallback_nccl_on_cpu_and_idempotence() -> None:
     assert "accelerator is 'cpu'" in out["nccl_error"]
     assert "dist_init_required=False" in out["not_required_error"]
     assert out["env"] == (0, 1, 0, "single-process", "127.0.0.1")
+    assert out["hook_calls"] == [(0, 1, "gloo")]
     assert out["backend"] == ("gloo", "gloo")
     assert out["exported"] == ("0", "1", "0")
     assert out["again_source"] == "existing-process-group"
@@ -131,13 +142,13 @@ def test_pre_existing_process_group_is_reused() -> None:
         assert "already exists with backend 'gloo'" in message and "dist_backend='nccl'" in message
 
 
-def _disagreeing_sources() -> None:
+def test_disagreeing_sources_fail_before_any_process_group_with_both_values() -> None:
+    import torch.distributed as dist
+
     import dscore
+    from dscore.errors import DistributedError
 
-    os.environ.update({"OMPI_COMM_WORLD_RANK": os.environ["RANK"], "OMPI_COMM_WORLD_SIZE": "16"})
-    dscore.init_distributed()
-
-
-def test_disagreeing_sources_fail_with_both_values() -> None:
-    with pytest.raises(DistributedTestFailure, match=r"WORLD_SIZE=2 \(launcher\) but OMPI_COMM_WORLD_SIZE=16"):
-        run_distributed(_disagreeing_sources, 1, init_process_group=False, timeout=120)
+    environ = {"RANK": "0", "WORLD_SIZE": "8", "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "16"}
+    with pytest.raises(DistributedError, match=r"WORLD_SIZE=8 \(launcher\) but OMPI_COMM_WORLD_SIZE=16"):
+        dscore.init_distributed(environ=environ)
+    assert not dist.is_initialized()

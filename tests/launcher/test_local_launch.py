@@ -156,7 +156,9 @@ def test_save_pid_each_rank_log_and_nothing_left_behind(tmp_path: Path) -> None:
     assert not pid_file.exists()
     assert sorted(p.name.split("_")[-1] for p in logs.iterdir()) == ["rank0.log", "rank1.log"]
     shm_after = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    assert shm_after - shm_before == set()
+    # Other engineers' tests on this shared machine create multiprocessing semaphores (sem.mp-*)
+    # concurrently; neither the launcher nor this torch-free job uses multiprocessing.
+    assert {f for f in shm_after - shm_before if not f.startswith("sem.mp-")} == set()
 
 
 def test_argv_and_env_reach_each_rank_unchanged(tmp_path: Path) -> None:

@@ -420,3 +420,48 @@ def test_hostfile_error_carries_location(tmp_path: Path) -> None:
     with pytest.raises(HostfileError) as info:
         plan("-H", str(hf), "train.py")
     assert (info.value.path, info.value.line) == (str(hf), 2)
+
+
+# ------------------------------------------------------------------------------------- core binding
+def test_core_binding_plan_and_missing_numactl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dscore.launcher.local import parse_range_list
+    from dscore.launcher.plan import execute
+
+    p = plan("--num_gpus", "2", "--bind_cores_to_rank", "--bind_core_list", "0,2-4,6-7", "t.py")
+    assert [q.argv[:3] for q in p.processes] == [["numactl", "-C", "0,2,3"], ["numactl", "-C", "4,6,7"]]
+    assert {q.env["OMP_NUM_THREADS"] for q in p.processes} == {"3"}
+    assert parse_range_list("0,2-4,6,8-9") == [0, 2, 3, 4, 6, 8, 9]
+    for bad in ("3-1", "0-4,2", "a"):
+        with pytest.raises(LauncherError, match="--bind_core_list"):
+            parse_range_list(bad)
+    with pytest.raises(LauncherError, match="cannot be split among 4 ranks"):
+        plan("--num_gpus", "4", "--bind_cores_to_rank", "--bind_core_list", "0-2", "t.py")
+    with pytest.raises(LauncherError, match="KMP_AFFINITY"):
+        plan("--num_gpus", "1", "--bind_cores_to_rank", "t.py", environ={"KMP_AFFINITY": "compact"})
+    monkeypatch.setenv("PATH", str(tmp_path))  # no numactl: refused before anything starts
+    with pytest.raises(LauncherError, match="needs numactl"):
+        execute(p)
+
+
+def test_missing_runner_binary_is_refused(hostfile: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dscore.launcher.plan import execute
+
+    p = multi("pdsh", hostfile)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LauncherError, match="--launcher pdsh needs 'pdsh', which is not on PATH"):
+        execute(p)
+
+
+def test_launcher_stays_torch_free() -> None:
+    """Importing the launcher and planning a sized local job never imports torch (no device probing)."""
+    code = (
+        "import sys, contextlib, io\n"
+        "import dscore.cli.run, dscore.launcher.node, dscore.launcher.runners\n"
+        "from dscore.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    assert main(['run', '--dry_run', '--num_gpus', '2', 'train.py']) == 0\n"
+        "print('torch' in sys.modules)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], env=launcher_env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"

@@ -20,7 +20,7 @@ from dscore.ops import get_op_builder
 
 pytestmark = pytest.mark.slow
 
-SIZES = (1, 7, 8, 33, 1000, 70_001)  # tails, exactly one vector, several OpenMP chunks
+SIZES = (1, 7, 8, 33, 1000, 40_001)  # tails, exactly one vector, three OpenMP chunks of 16384
 
 
 def _params(seed: int) -> list[torch.Tensor]:
@@ -28,7 +28,7 @@ def _params(seed: int) -> list[torch.Tensor]:
     return [torch.randn(n, generator=g) for n in SIZES] + [torch.randn(17, 9, generator=g)]
 
 
-def _run_pair(make_ours, make_ref, steps: int = 60, seed: int = 0, threads: int = 2):  # type: ignore[no-untyped-def]
+def _run_pair(make_ours, make_ref, steps: int = 60, seed: int = 0, threads: int = 1):  # type: ignore[no-untyped-def]
     base = _params(seed)
     ours = [p.clone() for p in base]
     ref = [p.clone() for p in base]
@@ -61,8 +61,10 @@ def test_cpu_adam_matches_torch(cpu_ops: dict[str, ModuleType], adamw_mode: bool
 
     ref_cls = torch.optim.AdamW if adamw_mode else torch.optim.Adam
     kw = dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-7, weight_decay=weight_decay)
+    # two OpenMP threads for one case (chunks split across threads); one elsewhere (shared CI cores)
+    threads = 2 if adamw_mode and weight_decay else 1
     opt, ref_opt, ours, ref = _run_pair(lambda p: DscoreCPUAdam(p, adamw_mode=adamw_mode, **kw),
-                                        lambda p: ref_cls(p, **kw))
+                                        lambda p: ref_cls(p, **kw), threads=threads)
     _close(ours, ref)
     for a, b in zip(ours, ref):
         for key in ("exp_avg", "exp_avg_sq"):
@@ -145,9 +147,9 @@ def test_cpu_adam_rejects_bad_inputs(cpu_ops: dict[str, ModuleType]) -> None:
         DscoreCPUAdam([torch.zeros(4)], amsgrad=True)
     with pytest.raises(OpBuildError, match="fp32 CPU"):
         DscoreCPUAdam([torch.zeros(4, dtype=torch.float16)])
-    p = torch.zeros(4)
+    p = torch.zeros(4, 4)
     opt = DscoreCPUAdam([p])
-    p.grad = torch.zeros(4, dtype=torch.float64)
+    p.grad = torch.zeros(4, 4).t()  # not contiguous
     with pytest.raises(OpBuildError, match="gradients"):
         opt.step()
 

@@ -24,7 +24,11 @@ def test_issue_examples_world_size_4() -> None:
 @pytest.mark.parametrize(
     ("given", "world", "expected"),
     [
-        ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8}, 2, (64, 4, 8)),
+        (
+            {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8},
+            2,
+            (64, 4, 8),
+        ),
         ({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4}, 2, (64, 4, 8)),
         ({"train_batch_size": 64, "gradient_accumulation_steps": 8}, 2, (64, 4, 8)),
         ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8}, 2, (64, 4, 8)),
@@ -82,9 +86,14 @@ def test_auto_is_the_third_value_only_when_two_are_concrete() -> None:
         world_size=2,
     )
     assert cfg.train_batch_size == 12
-    cfg = load({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "auto"}, world_size=2)
+    cfg = load(
+        {"train_batch_size": 12, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "auto"},
+        world_size=2,
+    )
     assert cfg.gradient_accumulation_steps == 3
-    err = error_of({"train_batch_size": 12, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"})
+    err = error_of(
+        {"train_batch_size": 12, "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+    )
     assert 'unresolved "auto"' in str(err)
     assert {p for p, _ in err.errors} == {"train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}
 
@@ -92,3 +101,9 @@ def test_auto_is_the_third_value_only_when_two_are_concrete() -> None:
 def test_world_size_source_is_reported() -> None:
     with pytest.raises(ConfigError, match=r"world size 3 \(--world-size 3\)"):
         resolve_batch({"train_batch_size": 8}, world_size=3, world_size_source="--world-size 3", source="x.json")
+
+
+@pytest.mark.parametrize("world_size", [0, -2, True, 2.0])
+def test_world_size_must_be_a_positive_int(world_size: object) -> None:
+    with pytest.raises(ConfigError, match="world size must be a positive integer"):
+        load({"train_batch_size": 8}, world_size=world_size)

@@ -37,13 +37,23 @@ def test_valid_combinations_pass() -> None:
     cfg = load(
         {
             **BASE,
-            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}, "offload_param": {"device": "cpu"}},
+            "zero_optimization": {
+                "stage": 3,
+                "offload_optimizer": {"device": "cpu", "ratio": 0.5},
+                "offload_param": {"device": "cpu"},
+            },
             "bf16": {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True},
             "data_types": {"param_dtype": "bfloat16"},
         }
     )
     assert cfg.zero_optimization.offload_param.device == "cpu" and cfg.bf16_enabled
-    cfg = load({**BASE, "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}}, "fp16": {"enabled": True, "fp16_master_weights_and_grads": True}})
+    cfg = load(
+        {
+            **BASE,
+            "zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu"}},
+            "fp16": {"enabled": True, "fp16_master_weights_and_grads": True},
+        }
+    )
     assert cfg.zero_stage == 1 and cfg.fp16_enabled
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,9 +31,14 @@ SUMMARY_KEYS = {
 
 
 @pytest.fixture(autouse=True)
-def _test_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Use the test registry; undo the stderr handler ``main``'s ``logging.basicConfig`` installs (it
+    would point at a closed capture stream in the next test)."""
     monkeypatch.setattr(load_module, "_default_registry", lambda data: make_registry())
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    handlers = logging.root.handlers[:]
+    yield
+    logging.root.handlers[:] = handlers
 
 
 def _write(tmp_path: pathlib.Path, cfg: Any, name: str = "ds.json") -> str:
@@ -54,7 +61,11 @@ def test_json_summary(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
     assert main(["config", "check", path, "--world-size", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert SUMMARY_KEYS <= set(out)
-    assert (out["train_batch_size"], out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == (32, 8, 1)
+    assert (out["train_batch_size"], out["train_micro_batch_size_per_gpu"], out["gradient_accumulation_steps"]) == (
+        32,
+        8,
+        1,
+    )
     assert out["zero_stage"] == 2 and out["bf16_enabled"] is True and out["fp16_enabled"] is False
     assert out["optimizer_type"] == "AdamW" and out["scheduler_type"] == "WarmupDecayLR"
     assert out["gradient_clipping"] == 1.0
@@ -69,7 +80,9 @@ def test_text_output(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str])
     assert "train_batch_size = 12" in out and "valid" in out
 
 
-def test_world_size_from_environment(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_world_size_from_environment(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("WORLD_SIZE", "8")
     path = _write(tmp_path, {"train_batch_size": 30})
     assert main(["config", "check", path, "--json"]) == 2

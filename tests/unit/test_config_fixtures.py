@@ -51,9 +51,7 @@ class FakeComponents:
     @hookimpl
     def dscore_register_optimizers(self) -> list[OptimizerSpec]:
         return [
-            OptimizerSpec(
-                name="Adam", aliases=("AdamW",), factory="x:y", params_model=f"{__name__}:AdamParams"
-            ),
+            OptimizerSpec(name="Adam", aliases=("AdamW",), factory="x:y", params_model=f"{__name__}:AdamParams"),
             OptimizerSpec(name="SGD", factory="x:y"),
         ]
 

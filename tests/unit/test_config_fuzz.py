@@ -134,4 +134,22 @@ def test_only_valid_config_or_config_error(cfg: dict[str, Any], world_size: int)
         assert str(exc)
     else:
         assert isinstance(result, DscoreConfig)
-        assert result.train_batch_size == result.train_micro_batch_size_per_gpu * result.gradient_accumulation_steps * world_size
+        assert (
+            result.train_batch_size
+            == result.train_micro_batch_size_per_gpu * result.gradient_accumulation_steps * world_size
+        )
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    text=st.one_of(
+        st.text(max_size=40), st.binary(max_size=40).map(lambda b: __import__("base64").urlsafe_b64encode(b).decode())
+    )
+)
+def test_random_text_sources_only_raise_config_error(text: str) -> None:
+    try:
+        result = load_config(text, registry=REGISTRY)
+    except ConfigError as exc:
+        assert str(exc)
+    else:  # only possible when the text decodes to a valid config
+        assert isinstance(result, DscoreConfig)

@@ -35,7 +35,9 @@ def test_cpu_offload_flags() -> None:
     cfg = _load(zero_optimization={"stage": 2, "cpu_offload": False, "cpu_offload_use_pin_memory": True})
     assert cfg.zero_optimization.offload_optimizer is None
     assert any("cpu_offload_use_pin_memory" in w and "pin_memory" in w for w in cfg.warnings)
-    err = error_of({**BASE, "zero_optimization": {"stage": 2, "cpu_offload": True, "offload_optimizer": {"device": "cpu"}}})
+    err = error_of(
+        {**BASE, "zero_optimization": {"stage": 2, "cpu_offload": True, "offload_optimizer": {"device": "cpu"}}}
+    )
     assert err.path == "zero_optimization.cpu_offload"
     err = error_of({**BASE, "zero_optimization": {"stage": 2, "cpu_offload": "yes"}})
     assert err.path == "zero_optimization.cpu_offload"

@@ -99,8 +99,14 @@ def test_values_and_aliases() -> None:
         ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage"),
         ({"zero_optimization": {"stage": True}}, "zero_optimization.stage"),
         ({"zero_optimization": {"reduce_bucket_size": 0}}, "zero_optimization.reduce_bucket_size"),
-        ({"zero_optimization": {"stage3_prefetch_bucket_size": "big"}}, "zero_optimization.stage3_prefetch_bucket_size"),
-        ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}, "stage": 2}}, "zero_optimization.offload_optimizer"),
+        (
+            {"zero_optimization": {"stage3_prefetch_bucket_size": "big"}},
+            "zero_optimization.stage3_prefetch_bucket_size",
+        ),
+        (
+            {"zero_optimization": {"offload_optimizer": {"device": "nvme"}, "stage": 2}},
+            "zero_optimization.offload_optimizer",
+        ),
         ({"fp16": {"enabled": True, "min_loss_scale": 0}}, "fp16"),
         ({"fp16": {"loss_scale": True}}, "fp16.loss_scale"),
         ({"torch_autocast": {"dtype": "float64"}}, "torch_autocast.dtype"),
@@ -260,7 +266,9 @@ def test_a_plugin_section_gets_strict_checking() -> None:
 
 def test_unowned_deepspeed_section_is_gated() -> None:
     registry = make_registry(sections=False)
-    cfg = load_config({"train_batch_size": 8, "zero_optimization": {"stage": 0}, "fp16": {"enabled": False}}, registry=registry)
+    cfg = load_config(
+        {"train_batch_size": 8, "zero_optimization": {"stage": 0}, "fp16": {"enabled": False}}, registry=registry
+    )
     assert not hasattr(cfg, "zero_optimization") and cfg.zero_stage == 0
     assert any("zero_optimization" in w for w in cfg.warnings)
     with pytest.raises(ConfigError, match="no active plugin registers the 'zero_optimization' section"):

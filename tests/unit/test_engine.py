@@ -480,3 +480,64 @@ def test_checkpoint_state_accessors_round_trip() -> None:
     assert engine.global_steps == 2 and engine.lr_scheduler.state_dict() == state["lr_scheduler"]
     opt_state = engine.zero_stage_impl.state_dict()
     assert set(opt_state["param_names"]) == {n for n, _ in engine.module.named_parameters()}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_engine_checkpoint_methods_round_trip(tmp_path, precision: str) -> None:
+    cfg = base_config(
+        optimizer={"type": "AdamW", "params": {"lr": 0.01}},
+        scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
+    )
+    if precision != "fp32":
+        cfg[precision] = {"enabled": True}
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = make_model()
+    engine, *_ = dscore.initialize(model=model, config=cfg)
+    x, y = make_data(24)
+
+    def run(k0: int, n: int) -> None:
+        for k in range(k0, k0 + n):
+            engine.backward(mse(engine(x[4 * k : 4 * k + 4].to(dtype)), y[4 * k : 4 * k + 4]))
+            engine.step()
+
+    run(0, 3)
+    assert engine.save_checkpoint(str(tmp_path), client_state={"note": 7}) is True
+    run(3, 3)
+    after_resume_ref = [p.detach().clone() for p in model.parameters()]
+    path, client = engine.load_checkpoint(str(tmp_path))
+    assert path is not None and client["note"] == 7
+    assert engine.global_steps == 3
+    run(3, 3)  # the same three steps again from the restored state
+    for p, q in zip(model.parameters(), after_resume_ref):
+        torch.testing.assert_close(p.detach(), q)
+    assert engine.save_16bit_model(str(tmp_path / "export")) is True
+    assert (tmp_path / "export" / "pytorch_model.bin").exists()
+
+
+def test_lifecycle_hooks_reach_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dscore.runtime.initialize as init_mod
+
+    seen: list[tuple] = []
+
+    class Probe:
+        @dscore.hookimpl
+        def dscore_configure(self, config):
+            seen.append(("configure", config.train_micro_batch_size_per_gpu))
+
+        @dscore.hookimpl
+        def dscore_engine_created(self, engine):
+            seen.append(("created", engine.global_steps))
+
+        @dscore.hookimpl
+        def dscore_after_optimizer_step(self, engine, step_applied):
+            seen.append(("after_step", engine.global_steps, step_applied))
+
+    real = init_mod.create_plugin_manager
+    monkeypatch.setattr(init_mod, "create_plugin_manager", lambda **kw: real(**kw, extra_plugins=[("probe", Probe())]))
+    engine, *_ = dscore.initialize(
+        model=make_model(),
+        config=base_config(gradient_accumulation_steps=2, optimizer={"type": "SGD", "params": {"lr": 0.1}}),
+    )
+    x, y = make_data(16)
+    engine_train(engine, x, y, micro=4, n_micro=4)
+    assert seen == [("configure", 4), ("created", 0), ("after_step", 1, True), ("after_step", 2, True)]

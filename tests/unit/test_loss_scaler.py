@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-from dscore.errors import ConfigError, DscoreError
-from dscore.specs import resolve
 from dscore_plugins.precision.loss_scaler import DynamicLossScaler, LossScaleUnderflowError, StaticLossScaler
 from dscore_plugins.precision.overflow import has_overflow, overflow_flag
 from dscore_plugins.precision.precision import Bf16Mode, Fp16Mode, Fp32Mode
 from dscore_plugins.sched.lr_schedules import WarmupLR
+
+from dscore.errors import ConfigError, DscoreError
+from dscore.specs import resolve
 
 
 def _run(scaler, overflows):
@@ -82,9 +82,19 @@ def test_static_scaler_skips_overflow_and_never_changes() -> None:
 
 def test_issue_example_six_overflows_then_four_good_steps() -> None:
     """fp16 (stage 0), WarmupLR with 10 warm-up steps: steps 1-6 overflow, 7-10 are fine."""
-    mode = Fp16Mode(SimpleNamespace(fp16=SimpleNamespace(enabled=True, loss_scale=0, initial_scale_power=16,
-                                                          loss_scale_window=1000, hysteresis=2,
-                                                          consecutive_hysteresis=False, min_loss_scale=1)))
+    mode = Fp16Mode(
+        SimpleNamespace(
+            fp16=SimpleNamespace(
+                enabled=True,
+                loss_scale=0,
+                initial_scale_power=16,
+                loss_scale_window=1000,
+                hysteresis=2,
+                consecutive_hysteresis=False,
+                min_loss_scale=1,
+            )
+        )
+    )
     scaler = mode.make_loss_scaler(zero_stage=0)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     sched = WarmupLR(opt, warmup_min_lr=0.0, warmup_max_lr=0.1, warmup_num_steps=10)
@@ -99,17 +109,34 @@ def test_issue_example_six_overflows_then_four_good_steps() -> None:
     assert (global_steps, skipped_steps, sched_steps) == (10, 6, 4)
     assert sched.last_batch_iteration == 3
     assert scaler.loss_scale == 2.0**16 / 2**6
-    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * torch.log(torch.tensor(4.0)).item() / torch.log(torch.tensor(10.0)).item())
+    assert opt.param_groups[0]["lr"] == pytest.approx(
+        0.1 * torch.log(torch.tensor(4.0)).item() / torch.log(torch.tensor(10.0)).item()
+    )
 
 
 def test_precision_modes_pick_the_algorithm_by_zero_stage() -> None:
-    cfg = {"fp16": {"enabled": True, "loss_scale": 0, "initial_scale_power": 5, "loss_scale_window": 7,
-                    "hysteresis": 3, "consecutive_hysteresis": True, "min_loss_scale": 2}}
+    cfg = {
+        "fp16": {
+            "enabled": True,
+            "loss_scale": 0,
+            "initial_scale_power": 5,
+            "loss_scale_window": 7,
+            "hysteresis": 3,
+            "consecutive_hysteresis": True,
+            "min_loss_scale": 2,
+        }
+    }
     mode = Fp16Mode(cfg)
     s0, s2 = mode.make_loss_scaler(zero_stage=0), mode.make_loss_scaler(zero_stage=2)
     assert isinstance(s0, DynamicLossScaler) and s0.algorithm == "fp16_optimizer"
     assert isinstance(s2, DynamicLossScaler) and s2.algorithm == "zero"
-    assert (s2.loss_scale, s2.scale_window, s2.hysteresis, s2.consecutive_hysteresis, s2.min_scale) == (32.0, 7, 3, True, 2.0)
+    assert (s2.loss_scale, s2.scale_window, s2.hysteresis, s2.consecutive_hysteresis, s2.min_scale) == (
+        32.0,
+        7,
+        3,
+        True,
+        2.0,
+    )
     static = Fp16Mode({"fp16": {"enabled": True, "loss_scale": 256}}).make_loss_scaler(zero_stage=1)
     assert isinstance(static, StaticLossScaler) and static.loss_scale == 256.0
     assert mode.check_overflow and mode.compute_dtype == torch.float16
@@ -151,3 +178,15 @@ def test_precision_specs_resolve() -> None:
     specs = {s.name: s for s in dscore_register_precisions()}
     assert (specs["fp32"].config_key, specs["fp16"].config_key, specs["bf16"].config_key) == (None, "fp16", "bf16")
     assert resolve(specs["fp16"].factory) is Fp16Mode
+
+
+def test_modes_read_the_config_engineers_section_models() -> None:
+    pcfg = pytest.importorskip("dscore_plugins.precision.config")
+    config = SimpleNamespace(
+        fp16=pcfg.Fp16Config(enabled=True, initial_scale_power=8, loss_scale_window=3, hysteresis=1, min_loss_scale=4),
+        bf16=pcfg.Bf16Config(enabled=False, check_grad_overflow=False),
+    )
+    scaler = Fp16Mode(config).make_loss_scaler(zero_stage=3)
+    assert (scaler.loss_scale, scaler.scale_window, scaler.hysteresis, scaler.min_scale) == (256.0, 3, 1, 4.0)
+    assert _run(scaler, [False, False, False, False, True]) == [256, 256, 256, 512, 256]
+    assert Bf16Mode(config).check_overflow is False

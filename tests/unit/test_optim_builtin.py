@@ -4,12 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from pydantic import ValidationError
-
-from dscore.errors import ComponentNotFoundError, ConfigError
-from dscore.plugin_manager import create_plugin_manager
-from dscore.registry import Registry
-from dscore.specs import resolve
 from dscore_plugins.optim import config as cfg
 from dscore_plugins.optim.adam import build_adam, build_adamw
 from dscore_plugins.optim.lamb import Lamb
@@ -17,6 +11,12 @@ from dscore_plugins.optim.lion import Lion
 from dscore_plugins.optim.muon import MuonWithAuxAdam, build_muon, newton_schulz5, set_muon_flags
 from dscore_plugins.optim.plugin import OPTIMIZER_SPECS
 from dscore_plugins.optim.torch_optim import build_adagrad, torch_optimizer_factory
+from pydantic import ValidationError
+
+from dscore.errors import ComponentNotFoundError, ConfigError
+from dscore.plugin_manager import create_plugin_manager
+from dscore.registry import Registry
+from dscore.specs import resolve
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:
@@ -177,6 +177,12 @@ def test_specs_resolve_and_case_insensitive_lookup() -> None:
             opt = factory(_params(), **model().model_dump())
             assert isinstance(opt, torch.optim.Optimizer), spec.name
     registry = Registry(create_plugin_manager())
-    for written, name in [("Adam", "adam"), ("AdamW", "adamw"), ("OneBitAdam", "onebitadam"), ("onebitLAMB", "onebitlamb"),
-                          ("SGD", "sgd"), ("Lion", "lion")]:
+    for written, name in [
+        ("Adam", "adam"),
+        ("AdamW", "adamw"),
+        ("OneBitAdam", "onebitadam"),
+        ("onebitLAMB", "onebitlamb"),
+        ("SGD", "sgd"),
+        ("Lion", "lion"),
+    ]:
         assert registry.get("optimizer", written).name == name

@@ -7,14 +7,14 @@ import math
 
 import pytest
 import torch
-from pydantic import ValidationError
-
-from dscore.errors import ComponentNotFoundError, ConfigError
-from dscore.specs import resolve
 from dscore_plugins.sched import config as cfg
 from dscore_plugins.sched.lr_schedules import LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR
 from dscore_plugins.sched.plugin import SCHEDULER_SPECS
 from dscore_plugins.sched.torch_sched import torch_scheduler_factory
+from pydantic import ValidationError
+
+from dscore.errors import ComponentNotFoundError, ConfigError
+from dscore.specs import resolve
 
 
 def _opt(lr: float = 0.1, groups: int = 1, cls=torch.optim.SGD, **kw):
@@ -84,7 +84,9 @@ def test_warmup_num_steps_must_be_positive_int(bad) -> None:
 
 def test_warmup_decay_lr_formula() -> None:
     opt = _opt()
-    s = WarmupDecayLR(opt, total_num_steps=20, warmup_min_lr=0.0, warmup_max_lr=1.0, warmup_num_steps=5, warmup_type="linear")
+    s = WarmupDecayLR(
+        opt, total_num_steps=20, warmup_min_lr=0.0, warmup_max_lr=1.0, warmup_num_steps=5, warmup_type="linear"
+    )
     got = _lrs_after(s, opt, 25)
     # warm-up: t/5; then (20 - t)/(20 - 5), floored at 0
     for k, lr in enumerate(got[1:], start=1):
@@ -128,8 +130,16 @@ def test_warmup_cosine_lr_formula() -> None:
 def test_one_cycle_lr_momentum_and_decay() -> None:
     opt = _opt(cls=torch.optim.Adam, lr=1.0, betas=(0.5, 0.5))
     s = OneCycle(
-        opt, cycle_min_lr=0.1, cycle_max_lr=1.1, cycle_first_step_size=4, cycle_second_step_size=6,
-        decay_lr_rate=0.5, decay_step_size=2, cycle_min_mom=0.8, cycle_max_mom=0.9, decay_mom_rate=0.1,
+        opt,
+        cycle_min_lr=0.1,
+        cycle_max_lr=1.1,
+        cycle_first_step_size=4,
+        cycle_second_step_size=6,
+        decay_lr_rate=0.5,
+        decay_step_size=2,
+        cycle_min_mom=0.8,
+        cycle_max_mom=0.9,
+        decay_mom_rate=0.1,
     )
     assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
     assert opt.param_groups[0]["betas"] == (0.8, 0.99)
@@ -232,3 +242,20 @@ def test_torch_fallback_by_name_and_did_you_mean() -> None:
     assert "WarmupLR" in info.value.suggestions
     with pytest.raises(ConfigError, match="StepLR"):
         torch_scheduler_factory(_opt(), type_name="StepLR", bogus=1)
+
+
+def test_manifests_and_params_models_do_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    mods = [
+        "dscore_plugins.optim.plugin",
+        "dscore_plugins.optim.config",
+        "dscore_plugins.sched.plugin",
+        "dscore_plugins.sched.config",
+        "dscore_plugins.precision.plugin",
+        "dscore_plugins.monitor.plugin",
+    ]
+    code = f"import importlib, sys\nfor m in {mods!r}: importlib.import_module(m)\nprint('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "False"

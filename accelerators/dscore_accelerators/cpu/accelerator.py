@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import resource
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +49,8 @@ def _rss_bytes() -> int:
         with open("/proc/self/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
+        import resource  # Unix only; reached only where /proc is missing
+
         # ru_maxrss: kilobytes on Linux, bytes on macOS; the peak is the best we have here
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return int(peak if sys.platform == "darwin" else peak * 1024)

@@ -151,7 +151,9 @@ def build_muon(
             path="optimizer.params.ns_method",
         )
     if per_head_muon:
-        raise ConfigError("optimizer.params.per_head_muon is not implemented in dscore", path="optimizer.params.per_head_muon")
+        raise ConfigError(
+            "optimizer.params.per_head_muon is not implemented in dscore", path="optimizer.params.per_head_muon"
+        )
     items = list(params)
     groups = [dict(g) for g in items] if items and isinstance(items[0], dict) else [{"params": items}]
     out: list[dict[str, Any]] = []
@@ -165,8 +167,16 @@ def build_muon(
         if aux:
             out.append({**group, "params": aux, "use_muon": False, "lr": adam_lr if adam_lr is not None else lr})
     defaults = dict(
-        lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, betas=tuple(betas), eps=eps,
-        weight_decay=weight_decay, use_muon=False,
+        lr=lr,
+        momentum=momentum,
+        nesterov=nesterov,
+        ns_steps=ns_steps,
+        betas=tuple(betas),
+        eps=eps,
+        weight_decay=weight_decay,
+        use_muon=False,
     )
-    log.debug("Muon: %d Muon group(s), %d Adam group(s)", sum(g["use_muon"] for g in out), sum(not g["use_muon"] for g in out))
+    log.debug(
+        "Muon: %d Muon group(s), %d Adam group(s)", sum(g["use_muon"] for g in out), sum(not g["use_muon"] for g in out)
+    )
     return MuonWithAuxAdam(out, defaults)

@@ -44,7 +44,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["OneBitAdam", "OneBitLamb", "build_onebit_adam", "build_onebit_lamb", "compressed_allreduce", "pack_signs", "unpack_signs"]
+__all__ = [
+    "OneBitAdam",
+    "OneBitLamb",
+    "build_onebit_adam",
+    "build_onebit_lamb",
+    "compressed_allreduce",
+    "pack_signs",
+    "unpack_signs",
+]
 
 log = logging.getLogger("dscore.optim")
 
@@ -296,9 +304,17 @@ class OneBitLamb(_OneBitBase):
         if amsgrad:
             raise ValueError("OneBitLamb does not support amsgrad")
         defaults = dict(
-            lr=lr, betas=tuple(betas), eps=eps, eps_inside_sqrt=eps_inside_sqrt, weight_decay=weight_decay,
-            max_coeff=max_coeff, min_coeff=min_coeff, coeff_beta=coeff_beta, factor_max=factor_max,
-            factor_min=factor_min, factor_threshold=factor_threshold,
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            eps_inside_sqrt=eps_inside_sqrt,
+            weight_decay=weight_decay,
+            max_coeff=max_coeff,
+            min_coeff=min_coeff,
+            coeff_beta=coeff_beta,
+            factor_max=factor_max,
+            factor_min=factor_min,
+            factor_threshold=factor_threshold,
         )
         super().__init__(params, defaults, freeze_step, process_group)
 

@@ -30,7 +30,12 @@ OPTIMIZER_SPECS: tuple[OptimizerSpec, ...] = (
         offload_capable=True,
         description="AdamW (adam_w_mode forced true)",
     ),
-    OptimizerSpec(name="lamb", factory=f"{_P}.lamb:build_lamb", params_model=f"{_CFG}:LambParams", description="LAMB (FusedLamb semantics)"),
+    OptimizerSpec(
+        name="lamb",
+        factory=f"{_P}.lamb:build_lamb",
+        params_model=f"{_CFG}:LambParams",
+        description="LAMB (FusedLamb semantics)",
+    ),
     OptimizerSpec(name="lion", factory=f"{_P}.lion:build_lion", params_model=f"{_CFG}:LionParams", description="Lion"),
     OptimizerSpec(
         name="adagrad",
@@ -59,7 +64,12 @@ OPTIMIZER_SPECS: tuple[OptimizerSpec, ...] = (
         params_model=f"{_CFG}:OneBitLambParams",
         description="1-bit LAMB: error-feedback compressed momentum after freeze_step (dscore addition)",
     ),
-    OptimizerSpec(name="sgd", factory=f"{_P}.torch_optim:build_sgd", params_model=f"{_CFG}:SGDParams", description="torch.optim.SGD"),
+    OptimizerSpec(
+        name="sgd",
+        factory=f"{_P}.torch_optim:build_sgd",
+        params_model=f"{_CFG}:SGDParams",
+        description="torch.optim.SGD",
+    ),
     OptimizerSpec(
         name="torch",
         factory=f"{_P}.torch_optim:torch_optimizer_factory",

@@ -59,7 +59,9 @@ class Fp16Config(SectionModel):
     def _dynamic(self) -> Fp16Config:
         if self.enabled and self.loss_scale == 0:
             if self.loss_scale_window <= 0:
-                raise ValueError(f"loss_scale_window must be > 0 with dynamic loss scaling, got {self.loss_scale_window}")
+                raise ValueError(
+                    f"loss_scale_window must be > 0 with dynamic loss scaling, got {self.loss_scale_window}"
+                )
             if self.min_loss_scale <= 0:
                 raise ValueError(f"min_loss_scale must be > 0 with dynamic loss scaling, got {self.min_loss_scale}")
         return self
@@ -109,5 +111,7 @@ class TorchAutocastConfig(SectionModel):
             return None
         canonical = _AUTOCAST_DTYPES.get(value.strip().lower()) if isinstance(value, str) else None
         if canonical is None:
-            raise ValueError(f"expected one of {sorted(set(_AUTOCAST_DTYPES.values()))} (or a torch spelling), got {value!r}")
+            raise ValueError(
+                f"expected one of {sorted(set(_AUTOCAST_DTYPES.values()))} (or a torch spelling), got {value!r}"
+            )
         return canonical

@@ -58,7 +58,9 @@ class StaticLossScaler(LossScaler):
 
     def __init__(self, scale: float) -> None:
         if not (scale > 0 and scale != float("inf")):
-            raise _config_error(f"a static loss scale must be a positive finite number, got {scale!r}", "fp16.loss_scale")
+            raise _config_error(
+                f"a static loss scale must be a positive finite number, got {scale!r}", "fp16.loss_scale"
+            )
         self._scale = float(scale)
 
     @property
@@ -101,7 +103,7 @@ class DynamicLossScaler(LossScaler):
     def __init__(
         self,
         init_scale: float = 2.0**16,
-        scale_window: int = 1000,
+        scale_window: float = 1000,
         min_scale: float = 1.0,
         hysteresis: int = 2,
         consecutive_hysteresis: bool = False,
@@ -120,7 +122,7 @@ class DynamicLossScaler(LossScaler):
         if hysteresis < 1:
             raise _config_error(f"hysteresis must be >= 1, got {hysteresis!r}", "fp16.hysteresis")
         self.algorithm: ScalerAlgorithm = algorithm
-        self.scale_window = int(scale_window)
+        self.scale_window = int(scale_window) if float(scale_window).is_integer() else float(scale_window)
         self.min_scale = float(min_scale)
         self.hysteresis = int(hysteresis)
         self.consecutive_hysteresis = bool(consecutive_hysteresis)
@@ -153,7 +155,9 @@ class DynamicLossScaler(LossScaler):
                 self._shrink()
             else:
                 self.cur_hysteresis -= 1
-                log.info("fp16 overflow: hysteresis left %d, loss scale kept at %s", self.cur_hysteresis, self.cur_scale)
+                log.info(
+                    "fp16 overflow: hysteresis left %d, loss scale kept at %s", self.cur_hysteresis, self.cur_scale
+                )
             self.last_overflow_iter = self.cur_iter
         else:
             if self.algorithm == "zero" and self.consecutive_hysteresis:

@@ -45,10 +45,10 @@ def overflow_flag(tensors: Iterable[torch.Tensor | None], device: torch.device |
     flag = torch.zeros((), dtype=torch.float32, device=device)
     for group in groups.values():
         if group[0].is_sparse:
-            norms = [g.coalesce().values().abs().max() for g in group]
+            finite = torch.stack([torch.isfinite(g.coalesce().values()).all() for g in group]).all()
         else:
-            norms = list(torch._foreach_norm(group, float("inf")))
-        finite = torch.isfinite(torch.stack([n.float() for n in norms])).all()
+            norms = torch._foreach_norm(group, float("inf"))
+            finite = torch.isfinite(torch.stack([n.float() for n in norms])).all()
         flag = torch.maximum(flag, (~finite).float().to(device))
     return flag
 

@@ -97,7 +97,7 @@ class Fp16Mode(PrecisionMode):
         self.config = config
         self.loss_scale = float(_read(config, "fp16", "loss_scale", FP16_DEFAULTS))
         self.initial_scale_power = int(_read(config, "fp16", "initial_scale_power", FP16_DEFAULTS))
-        self.loss_scale_window = int(_read(config, "fp16", "loss_scale_window", FP16_DEFAULTS))
+        self.loss_scale_window = float(_read(config, "fp16", "loss_scale_window", FP16_DEFAULTS))
         self.hysteresis = int(_read(config, "fp16", "hysteresis", FP16_DEFAULTS))
         self.consecutive_hysteresis = bool(_read(config, "fp16", "consecutive_hysteresis", FP16_DEFAULTS))
         self.min_loss_scale = float(_read(config, "fp16", "min_loss_scale", FP16_DEFAULTS))

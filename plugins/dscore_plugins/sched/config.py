@@ -112,5 +112,3 @@ class LRRangeTestParams(SchedulerParams):
     """Increase per interval, as a multiple of the minimum lr."""
     lr_range_test_staircase: StrictBool = False
     """Increase in whole intervals instead of continuously."""
-
-

@@ -125,7 +125,9 @@ class LRSchedulerBase:
 
     def step(self, last_batch_iteration: int | None = None) -> None:
         """Advance to ``last_batch_iteration`` (default ``t + 1``) and write the new lrs."""
-        self.last_batch_iteration = self.last_batch_iteration + 1 if last_batch_iteration is None else last_batch_iteration
+        self.last_batch_iteration = (
+            self.last_batch_iteration + 1 if last_batch_iteration is None else last_batch_iteration
+        )
         self._last_lr = _write_lrs(self.optimizer, self.get_lr())
 
     def state_dict(self) -> dict[str, int]:

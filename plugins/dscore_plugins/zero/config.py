@@ -137,9 +137,7 @@ class ZeroConfig(SectionModel):
     """Optimizer-state offload (stages 1-3), or ``None``."""
     sub_group_size: PositiveInt = 1_000_000_000
     """Elements per optimizer step sub-group (stage 3)."""
-    prefetch_bucket_size: NonNegativeInt | Literal["auto"] = Field(
-        50_000_000, alias="stage3_prefetch_bucket_size"
-    )
+    prefetch_bucket_size: NonNegativeInt | Literal["auto"] = Field(50_000_000, alias="stage3_prefetch_bucket_size")
     """Elements prefetched ahead of use (stage 3; ``"auto"`` = int(0.9 * hidden_size**2))."""
     param_persistence_threshold: NonNegativeInt | Literal["auto"] = Field(
         100_000, alias="stage3_param_persistence_threshold"
@@ -258,7 +256,9 @@ class ZeroConfig(SectionModel):
             warn(f"zero_optimization.{old} is deprecated; use zero_optimization.gather_16bit_weights_on_model_save")
             value["gather_16bit_weights_on_model_save"] = flag
         inert: dict[str, Callable[[Any], bool]] = {
-            "mics_shard_size": lambda v: v is None or (isinstance(v, int | float) and not isinstance(v, bool) and v <= 0),
+            "mics_shard_size": lambda v: (
+                v is None or (isinstance(v, int | float) and not isinstance(v, bool) and v <= 0)
+            ),
             "mics_hierarchical_params_gather": lambda v: v in (False, None),
             "zeropp_loco_param": lambda v: v in (None, {}, False),
             "zenflow": lambda v: v in (None, {}, False),

@@ -203,9 +203,7 @@ class Stage0(ZeroStage):
     def optimizer(self) -> torch.optim.Optimizer | None:
         return self._optimizer
 
-    def backward(
-        self, loss: torch.Tensor, *, boundary: bool, sync: bool = True, retain_graph: bool = False
-    ) -> None:
+    def backward(self, loss: torch.Tensor, *, boundary: bool, sync: bool = True, retain_graph: bool = False) -> None:
         """``loss.backward()`` into the flat buffers; at a synced boundary all-reduce them (averaged)."""
         loss.backward(retain_graph=retain_graph)
         if boundary and sync:

@@ -1,0 +1,618 @@
+"""ZeRO stage 3: parameters, gradients and optimizer state partitioned across data-parallel ranks.
+
+Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models", §5.3
+(P_os+g+p); DeepSpeed behaviour mirrored: ``DeepSpeedZeroOptimizer_Stage3`` and its parameter
+coordinator (``deepspeed/runtime/zero/stage3.py``, ``partitioned_param_coordinator.py``).
+
+**Units.** Every module's direct parameters (``recurse=False``), split by optimizer group (frozen
+parameters form their own unit), become one :class:`dscore.zero.partition.FlatUnit`: a padded flat buffer
+of which this rank permanently stores ``1/world`` (its chunk). Parameters built under
+:class:`dscore.zero.Init` arrive already partitioned and are re-laid out one module at a time, so the full
+model never exists on one rank. This rank's chunks of all units of an optimizer group are one flat
+partition tensor; the fp32 master weights, fp32 gradient partition and optimizer state have the same
+layout (the master *is* that partition under fp32 without offload).
+
+**Just-in-time gathering.** A forward pre-hook gathers the module's units (waiting for a prefetch when
+one is in flight) and prefetches the next units of the recorded forward order, up to
+``stage3_prefetch_bucket_size`` elements, never beyond ``stage3_max_live_parameters`` gathered elements.
+After forward, a unit is kept gathered for backward only if its next use is within
+``stage3_max_reuse_distance`` elements of other fetches, otherwise released (storage freed); a hook on
+the module's outputs re-gathers it (and prefetches the preceding units) just before its backward.
+Units of at most ``stage3_param_persistence_threshold`` elements stay gathered for the whole run
+(re-gathered after each step). The order is traced on the first forward (construction order before).
+
+**Gradients.** As each parameter's gradient is produced it is copied into its unit's staging buffer and
+freed; when a unit's trainable parameters are all done, one asynchronous ``reduce_scatter_tensor``
+(an all-reduce with ``reduce_scatter: false``) sends every rank its chunk, accumulated in fp32 (at most
+two units in flight; overlapped with backward when ``overlap_comm``, the stage-3 default) and the unit is
+released. The step is stage 1/2's: global-norm clip and unscale of the fp32 partitions, optimizer step (on
+CPU with ``offload_optimizer``), copy into the compute-dtype partition. ``offload_param: cpu`` keeps the
+compute-dtype partitions in (pinned) host memory and copies them to the device for each gather.
+
+Limitations (documented, raise nothing): every rank must run the same graph (collectives are issued
+from hooks in execution order); a parameter used outside its owning module's forward (DeepSpeed's
+"external parameters") must be gathered by the user with :class:`dscore.zero.GatheredParameters`;
+``sub_group_size`` is accepted and not needed (each group's partition is stepped by one fused
+``torch.optim`` call).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from dscore.errors import ConfigError
+from dscore.runtime.zero_api import StepOutcome, ZeroStage, ZeroStageContext
+from dscore.zero._comm import Collectives, Handle
+from dscore.zero.partition import FlatUnit, unit_of
+from dscore_plugins.zero._common import (
+    GroupLayout,
+    Segment,
+    build_optimizer,
+    check_client_optimizer_for_offload,
+    host_tensor,
+    load_optimizer_state,
+    offload_device,
+    offload_pin,
+    optimizer_state_dict,
+    scatter_by_name,
+    unique_trainable,
+    unscale_clip,
+    zero_section,
+    zget,
+)
+
+__all__ = ["Stage3"]
+
+log = logging.getLogger("dscore.zero")
+
+_MAX_INFLIGHT = 2
+_FROZEN = -1
+
+
+class _UnitState:
+    """Training-time bookkeeping of one unit (grad staging and readiness)."""
+
+    __slots__ = ("unit", "key", "trainable", "index", "part_offset", "expected", "ready", "staging", "launched")
+
+    def __init__(self, unit: FlatUnit, key: int, index: int) -> None:
+        self.unit = unit
+        self.key = key
+        self.index = index
+        self.trainable = key != _FROZEN
+        self.part_offset = 0
+        self.expected = len(unit.params) if self.trainable else 0
+        self.ready = 0
+        self.staging: torch.Tensor | None = None
+        self.launched = False
+
+
+class Stage3(ZeroStage):
+    """ZeRO stage 3 (see the module docstring).
+
+    Args:
+        ctx: the engine's context. Reads ``zero_optimization.{overlap_comm, reduce_scatter,
+            prefetch_bucket_size, max_live_parameters, max_reuse_distance, param_persistence_threshold,
+            offload_optimizer, offload_param, gather_16bit_weights_on_model_save, sub_group_size}``,
+            ``gradient_clipping``, ``zero_force_ds_cpu_optimizer``.
+
+    Raises:
+        ConfigError: NVMe offload; a client optimizer unusable with CPU offload; a parameter in two groups.
+    """
+
+    stage = 3
+
+    def __init__(self, ctx: ZeroStageContext) -> None:
+        super().__init__(ctx)
+        cfg = ctx.config
+        zc = zero_section(cfg)
+        self.coll = Collectives(ctx.comm)
+        self.world, self.rank = self.coll.world, self.coll.rank
+        self.overlap = bool(zget(zc, "overlap_comm", True))
+        self.use_reduce_scatter = bool(zget(zc, "reduce_scatter", True))
+        self.prefetch_bucket = int(zget(zc, "prefetch_bucket_size", 50_000_000))
+        self.max_live = int(zget(zc, "max_live_parameters", 1_000_000_000))
+        self.max_reuse = int(zget(zc, "max_reuse_distance", 1_000_000_000))
+        self.persistence_threshold = int(zget(zc, "param_persistence_threshold", 100_000))
+        self.gather_16bit_weights_on_model_save = bool(zget(zc, "gather_16bit_weights_on_model_save", False))
+        self.sub_group_size = int(zget(zc, "sub_group_size", 1_000_000_000))
+        self.offload_opt = offload_device(zc, "offload_optimizer") == "cpu"
+        self.offload_param = offload_device(zc, "offload_param") == "cpu"
+        self.pin_opt = offload_pin(zc, "offload_optimizer")
+        self.pin_param = offload_pin(zc, "offload_param")
+        self.clip = float(getattr(cfg, "gradient_clipping", 0.0) or 0.0)
+        self.precision = ctx.precision
+        self.compute_dtype = ctx.precision.compute_dtype
+        self.loss_scaler = ctx.loss_scaler
+        self.check_overflow = bool(getattr(ctx.precision, "check_overflow", False))
+        check_client_optimizer_for_offload(ctx, self.offload_opt)
+
+        module = ctx.module
+        self.group_params = unique_trainable(ctx.param_groups)
+        key_of = {id(p): gi for gi, ps in enumerate(self.group_params) for p in ps}
+        self.names = {id(p): n for n, p in module.named_parameters()}
+        self.units: list[_UnitState] = []
+        self.by_unit: dict[int, _UnitState] = {}
+        self.module_units: dict[torch.nn.Module, list[_UnitState]] = {}
+        owner: dict[int, _UnitState] = {}
+        device = None
+        for mod in module.modules():
+            direct = list(mod.parameters(recurse=False))
+            new = [p for p in direct if id(p) not in owner]
+            if new:
+                device = self._make_units(mod, new, key_of, owner)
+            units = []
+            for p in direct:
+                st = owner[id(p)]
+                if st not in units:
+                    units.append(st)
+            if units:
+                self.module_units[mod] = units
+        self.device = device or torch.device("cpu")
+        self._consolidate()
+        self._optimizer = build_optimizer(ctx, self.masters, self.group_params)  # type: ignore[arg-type]
+        if self._optimizer is not None:
+            self._optimizer.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
+
+        # trace (forward order of modules); construction order until the first forward is seen
+        self._trace: list[torch.nn.Module] = list(self.module_units)
+        self._recording: list[torch.nn.Module] | None = []
+        self._trace_pos = {m: i for i, m in enumerate(self._trace)}
+        self._gathered: OrderedDict[int, _UnitState] = OrderedDict()  # non-persistent, LRU order
+        self._in_use: set[int] = set()
+        self._inflight: list[tuple[_UnitState, Handle, torch.Tensor | None]] = []
+        self._fresh = True
+        self._hooks: list[Any] = []
+        for mod in self.module_units:
+            self._hooks.append(mod.register_forward_pre_hook(self._pre_forward))
+            self._hooks.append(mod.register_forward_hook(self._post_forward))
+        for st in self.units:
+            if st.trainable:
+                for p in st.unit.params:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        log.info(
+            "ZeRO stage 3: %d unit(s), %d elements, %d per rank, %d persistent, world=%d, offload opt=%s param=%s",
+            len(self.units), sum(s.unit.numel for s in self.units), sum(s.unit.chunk for s in self.units),
+            sum(1 for s in self.units if s.unit.persistent), self.world, self.offload_opt, self.offload_param,
+        )
+
+    # ------------------------------------------------------------------ construction
+    @torch.no_grad()
+    def _make_units(
+        self, mod: torch.nn.Module, params: list[torch.nn.Parameter], key_of: dict[int, int], owner: dict[int, _UnitState]
+    ) -> torch.device:
+        # full values of this module's parameters (gathering those built under zero.Init)
+        init_units = []
+        for p in params:
+            u = unit_of(p)
+            if u is not None and u not in init_units:
+                init_units.append(u)
+        for u in init_units:
+            u.gather()
+        values = [p.detach().to(self.compute_dtype).clone() for p in params]
+        device = params[0].device
+        for u in init_units:
+            u.release()
+        by_key: dict[int, list[int]] = {}
+        for i, p in enumerate(params):
+            by_key.setdefault(key_of.get(id(p), _FROZEN), []).append(i)
+        for key, idx in by_key.items():
+            ps = [params[i] for i in idx]
+            for p in ps:
+                if hasattr(p, "ds_shape"):
+                    del p.ds_shape
+            unit = FlatUnit(ps, self.coll, dtype=self.compute_dtype, device=device, name=f"{type(mod).__name__}:{key}")
+            unit.load_full([values[i] for i in idx])
+            unit.persistent = unit.numel <= self.persistence_threshold
+            if not unit.persistent:
+                unit.release()
+            st = _UnitState(unit, key, len(self.units))
+            self.units.append(st)
+            self.by_unit[id(unit)] = st
+            for p in ps:
+                owner[id(p)] = st
+        return device
+
+    @torch.no_grad()
+    def _consolidate(self) -> None:
+        """Move each unit's partition into one flat tensor per group; build masters and layouts."""
+        keys = list(range(len(self.group_params))) + [_FROZEN]
+        self.parts: dict[int, torch.Tensor] = {}
+        self.layouts: list[GroupLayout] = [GroupLayout() for _ in self.group_params]
+        self.masters: list[torch.nn.Parameter | None] = [None] * len(self.group_params)
+        self.master_grads: list[torch.Tensor] = [torch.zeros(0) for _ in self.group_params]
+        for key in keys:
+            members = [s for s in self.units if s.key == key]
+            if not members:
+                continue
+            total = sum(s.unit.chunk for s in members)
+            part = (
+                host_tensor(total, self.compute_dtype, self.pin_param)
+                if self.offload_param
+                else torch.zeros(total, dtype=self.compute_dtype, device=self.device)
+            )
+            off = 0
+            layout = self.layouts[key] if key != _FROZEN else GroupLayout()
+            for s in members:
+                u = s.unit
+                part[off : off + u.chunk].copy_(u.partition)
+                u.partition = part[off : off + u.chunk]
+                s.part_offset = off
+                layout.segments.append(
+                    Segment(
+                        part_offset=off,
+                        chunk=u.chunk,
+                        names=[self.names.get(id(p), f"param_{id(p)}") for p in u.params],
+                        offsets=list(u.offsets),
+                        numels=list(u.numels),
+                        shapes=list(u.shapes),
+                    )
+                )
+                off += u.chunk
+            layout.numel = total
+            self.parts[key] = part
+            if key == _FROZEN:
+                continue
+            shared = (
+                not self.offload_opt and self.compute_dtype == torch.float32 and part.device == self.device
+            )
+            if shared:
+                master = part
+            elif self.offload_opt:
+                master = host_tensor(total, torch.float32, self.pin_opt)
+                master.copy_(part)
+            else:
+                master = part.to(device=self.device, dtype=torch.float32).clone()
+            mgrad = host_tensor(total, torch.float32, self.pin_opt) if self.offload_opt else torch.zeros(
+                total, dtype=torch.float32, device=master.device
+            )
+            mp = torch.nn.Parameter(master, requires_grad=True)
+            mp.grad = mgrad
+            self.masters[key] = mp
+            self.master_grads[key] = mgrad
+            if not shared:
+                for s in members:
+                    s.unit.on_modified.append(self._refresh_master_from)
+
+    def _refresh_master_from(self, unit: FlatUnit) -> None:
+        s = self.by_unit[id(unit)]
+        m = self.masters[s.key]
+        if m is not None:
+            with torch.no_grad():
+                m.data[s.part_offset : s.part_offset + unit.chunk].copy_(unit.partition)
+
+    # ------------------------------------------------------------------ gathering policy
+    def _fetch(self, s: _UnitState, *, async_op: bool = False) -> None:
+        u = s.unit
+        if u.persistent:
+            if not async_op:
+                u.wait()
+            return
+        if not u.gathered:
+            self._make_room(u.numel)
+            u.gather(async_op=async_op)
+        elif not async_op:
+            u.wait()
+        self._gathered[id(u)] = s
+        self._gathered.move_to_end(id(u))
+
+    def _live(self) -> int:
+        return sum(s.unit.numel for s in self._gathered.values())
+
+    def _make_room(self, numel: int) -> None:
+        live = self._live()
+        if live + numel <= self.max_live:
+            return
+        for key in list(self._gathered):
+            if live + numel <= self.max_live:
+                break
+            s = self._gathered[key]
+            if key in self._in_use:
+                continue
+            self._release(s)
+            live -= s.unit.numel
+
+    def _release(self, s: _UnitState) -> None:
+        if s.unit.persistent:
+            return
+        s.unit.release()
+        self._gathered.pop(id(s.unit), None)
+
+    def _prefetch(self, mod: torch.nn.Module, direction: int) -> None:
+        pos = self._trace_pos.get(mod)
+        if pos is None or self.prefetch_bucket <= 0:
+            return
+        budget = self.prefetch_bucket
+        live = self._live()
+        i = pos + direction
+        while 0 <= i < len(self._trace):
+            for s in self.module_units.get(self._trace[i], []):
+                u = s.unit
+                if u.persistent or u.gathered:
+                    continue
+                if u.numel > budget or live + u.numel > self.max_live:
+                    return
+                budget -= u.numel
+                live += u.numel
+                self._fetch(s, async_op=True)
+            i += direction
+
+    def _reuse_distance(self, mod: torch.nn.Module) -> int:
+        """Elements fetched between this module's forward and its backward (rest of forward, twice)."""
+        pos = self._trace_pos.get(mod)
+        if pos is None:
+            return 0
+        after = sum(s.unit.numel for m in self._trace[pos + 1 :] for s in self.module_units.get(m, []))
+        return 2 * after
+
+    # ------------------------------------------------------------------ hooks
+    def _pre_forward(self, mod: torch.nn.Module, args: Any) -> None:
+        units = self.module_units[mod]
+        if self._recording is not None and torch.is_grad_enabled():
+            self._recording.append(mod)
+        for s in units:
+            self._in_use.add(id(s.unit))
+        for s in units:
+            self._fetch(s)
+        self._prefetch(mod, +1)
+
+    def _post_forward(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
+        units = self.module_units[mod]
+        for s in units:
+            self._in_use.discard(id(s.unit))
+        grad = torch.is_grad_enabled()
+        if grad:
+            tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            if tensors:
+                torch.autograd.graph.register_multi_grad_hook(
+                    tensors, lambda _g, m=mod: self._pre_backward(m), mode="any"
+                )
+        keep = grad and self._reuse_distance(mod) <= self.max_reuse
+        if not keep:
+            for s in units:
+                self._release(s)
+
+    def _pre_backward(self, mod: torch.nn.Module) -> None:
+        units = self.module_units[mod]
+        for s in units:
+            if s.trainable:
+                self._in_use.add(id(s.unit))
+            self._fetch(s)
+        self._prefetch(mod, -1)
+
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        u = unit_of(p)
+        assert u is not None and p.grad is not None
+        s = self.by_unit[id(u)]
+        if s.staging is None:
+            s.staging = torch.zeros(u.padded, dtype=p.grad.dtype, device=p.grad.device)
+        k = next(i for i, q in enumerate(u.params) if q is p)
+        s.staging[u.offsets[k] : u.offsets[k] + u.numels[k]].copy_(p.grad.reshape(-1))
+        p.grad = None
+        s.ready += 1
+        if s.ready >= s.expected and self.overlap:
+            self._launch(s)
+
+    def _launch(self, s: _UnitState) -> None:
+        if s.launched:
+            return
+        while len(self._inflight) >= _MAX_INFLIGHT:
+            self._finish(*self._inflight.pop(0))
+        u = s.unit
+        if s.staging is None:
+            s.staging = torch.zeros(u.padded, dtype=self.compute_dtype, device=self.device)
+        inp = s.staging
+        if self.world > 1 and self.compute_dtype == torch.float16:
+            inp.div_(self.world)
+        if self.use_reduce_scatter:
+            out = torch.empty(u.chunk, dtype=inp.dtype, device=inp.device)
+            h = self.coll.reduce_scatter(out, inp, async_op=True)
+        else:
+            h = self.coll.all_reduce(inp, async_op=True)
+            out = inp[self.rank * u.chunk : (self.rank + 1) * u.chunk]
+        s.launched = True
+        self._inflight.append((s, h, out))
+        self._in_use.discard(id(u))
+        self._release(s)
+
+    def _finish(self, s: _UnitState, h: Handle, out: torch.Tensor | None) -> None:
+        h.wait()
+        g = self.master_grads[s.key][s.part_offset : s.part_offset + s.unit.chunk]
+        assert out is not None
+        if self._fresh:
+            g.copy_(out)
+        else:
+            g.add_(out)
+        s.staging = None
+
+    # ------------------------------------------------------------------ contract
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        return self._optimizer
+
+    def _zero_grad_from_optimizer(self, set_to_none: bool = True) -> None:
+        self.zero_grad()
+
+    def backward(self, loss: torch.Tensor, *, boundary: bool, sync: bool = True, retain_graph: bool = False) -> None:
+        """Backward for one micro step; every trainable unit's gradient is reduce-scattered once.
+
+        Raises:
+            ConfigError: ``sync=False`` (``no_sync`` cannot work with partitioned gradients).
+        """
+        if not sync:
+            raise ConfigError(
+                "no_sync is incompatible with gradient partitioning (zero_optimization.stage 3); "
+                "use stage 0 or 1 for no_sync"
+            )
+        if self._recording is not None:
+            if self._recording:
+                self._trace = list(dict.fromkeys(self._recording))
+                self._trace_pos = {m: i for i, m in enumerate(self._trace)}
+            self._recording = None
+        for s in self.units:
+            s.ready = 0
+            s.launched = False
+        loss.backward(retain_graph=retain_graph)
+        # every rank reduces every trainable unit once per micro step, in unit order for the rest
+        for s in self.units:
+            if s.trainable and not s.launched:
+                self._launch(s)
+        while self._inflight:
+            self._finish(*self._inflight.pop(0))
+        self._fresh = False
+        self._in_use.clear()
+        for s in list(self._gathered.values()):
+            self._release(s)
+
+    def step(self) -> StepOutcome:
+        """Unscale, overflow check, global-norm clip, optimizer step, refresh partitions, zero grads."""
+        if self._fresh:
+            for g in self.master_grads:
+                g.zero_()
+        scale = float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
+        divisor = scale * (1.0 if self.compute_dtype == torch.float16 else float(self.world))
+        flats = [g for g in self.master_grads if g.numel()]
+        norm, overflow = unscale_clip(flats, self.coll, divisor=divisor, clip=self.clip, check_overflow=self.check_overflow)
+        skip = self.loss_scaler.update(overflow) if self.loss_scaler is not None else overflow
+        if skip or overflow:
+            self.zero_grad()
+            return StepOutcome(applied=False, overflow=overflow, global_grad_norm=None)
+        if self._optimizer is not None:
+            self._optimizer.step()
+            self._masters_to_partitions()
+        self.zero_grad()
+        return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)  # type: ignore[arg-type]
+
+    @torch.no_grad()
+    def _masters_to_partitions(self) -> None:
+        for key, m in enumerate(self.masters):
+            if m is not None and m.data.data_ptr() != self.parts[key].data_ptr():
+                self.parts[key].copy_(m.data)
+        persistent = [s.unit for s in self.units if s.unit.persistent]
+        for u in persistent:
+            u.refresh(async_op=True)
+        for u in persistent:
+            u.wait()
+
+    def zero_grad(self) -> None:
+        """Drop accumulated gradient partitions (and any staged or per-parameter gradients)."""
+        while self._inflight:
+            s, h, _ = self._inflight.pop(0)
+            h.wait()
+            s.staging = None
+        for s in self.units:
+            s.staging = None
+            s.launched = False
+            s.ready = 0
+            for p in s.unit.params:
+                p.grad = None
+        self._fresh = True
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """Full tensors keyed by parameter name (collective: call on every rank)."""
+        state, groups, fp32 = optimizer_state_dict(self._optimizer, self.masters, self.layouts, self.coll)
+        out: dict[str, Any] = {
+            "param_names": [n for lay in self.layouts for n in lay.names],
+            "state": state,
+            "param_groups": groups,
+            "fp32_params": fp32,
+        }
+        if self.loss_scaler is not None:
+            out["loss_scaler"] = self.loss_scaler.state_dict()
+        return out
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
+        """Re-partition a state saved at any world size (fp32 masters also refresh the partitions)."""
+        fp32 = state.get("fp32_params") if load_optimizer_states else None
+        if fp32:
+            for key, (m, lay) in enumerate(zip(self.masters, self.layouts)):
+                if m is not None:
+                    scatter_by_name(fp32, lay, self.rank, m.data)
+            self._masters_to_partitions()
+        else:
+            for key, m in enumerate(self.masters):
+                if m is not None and m.data.data_ptr() != self.parts[key].data_ptr():
+                    m.data.copy_(self.parts[key])
+        if not load_optimizer_states:
+            return
+        if self.loss_scaler is not None and "loss_scaler" in state:
+            self.loss_scaler.load_state_dict(state["loss_scaler"])
+        if self._optimizer is not None:
+            load_optimizer_state(self._optimizer, self.masters, self.layouts, state, self.rank)
+
+    @torch.no_grad()
+    def module_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full state dict, gathered one unit at a time (collective: call on every rank)."""
+        module = self.ctx.module
+        keys = list(module.state_dict(keep_vars=True).keys())
+        values: dict[int, torch.Tensor] = {}
+        for s in self.units:
+            u = s.unit
+            was = u.gathered
+            u.gather()
+            for p, v in zip(u.params, u.full_values()):
+                values[id(p)] = v.clone()
+            if not was:
+                u.release()
+        named: dict[str, torch.Tensor] = {}
+        for n, p in module.named_parameters(remove_duplicate=False):
+            named[n] = values[id(p)]
+        for n, b in module.named_buffers(remove_duplicate=False):
+            named[n] = b.detach().clone()
+        return OrderedDict((k, named[k]) for k in keys if k in named)
+
+    @torch.no_grad()
+    def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
+        """Load full weights: each unit is gathered, overwritten, re-partitioned (masters refreshed).
+
+        Raises:
+            KeyError: ``strict`` and a parameter or buffer is missing from ``state`` (names it).
+        """
+        module = self.ctx.module
+        names_of: dict[int, list[str]] = {}
+        for n, p in module.named_parameters(remove_duplicate=False):
+            names_of.setdefault(id(p), []).append(n)
+        for s in self.units:
+            u = s.unit
+            was = u.gathered
+            u.gather()
+            for p, v in zip(u.params, u.full_values()):
+                name = next((n for n in names_of.get(id(p), []) if n in state), None)
+                if name is None:
+                    if strict:
+                        raise KeyError(f"state dict has no entry for parameter {names_of.get(id(p), ['?'])[0]!r}")
+                    continue
+                v.copy_(state[name].reshape(v.shape))
+            u.write_back()
+            if s.trainable and self.masters[s.key] is not None:
+                self._refresh_master_from(u)
+            if not was:
+                u.release()
+        for n, b in module.named_buffers():
+            if n in state:
+                b.copy_(state[n])
+            elif strict:
+                raise KeyError(f"state dict has no entry for buffer {n!r}")
+
+    def partition_bytes(self) -> dict[str, int]:
+        """Bytes on this rank: optimizer state (+ separate fp32 masters), parameter partitions and
+        persistent/live full units, fp32 gradient partitions."""
+        opt_bytes = 0
+        if self._optimizer is not None:
+            for st in self._optimizer.state.values():
+                opt_bytes += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
+        masters = sum(
+            m.numel() * 4
+            for key, m in enumerate(self.masters)
+            if m is not None and m.data.data_ptr() != self.parts[key].data_ptr()
+        )
+        params = sum(p.numel() * p.element_size() for p in self.parts.values())
+        params += sum(s.unit.padded * s.unit.full.element_size() for s in self.units if s.unit.gathered)
+        grads = sum(g.numel() * g.element_size() for g in self.master_grads)
+        return {"optimizer_state": opt_bytes + masters, "parameters": params, "gradients": grads}
