@@ -17,9 +17,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def(
         "adam_update",
         [](uintptr_t p, uintptr_t g, uintptr_t exp_avg, uintptr_t exp_avg_sq, int64_t n, float lerp_w, float beta2,
-           float one_m_beta2, float neg_step, float bc2_sqrt, float eps, float decay, float l2, uintptr_t copy,
+           float one_m_beta2, float neg_step, float inv_bc2_sqrt, float eps, float decay, float l2, uintptr_t copy,
            int copy_dtype, int threads) {
-            const AdamScalars s{lerp_w, beta2, one_m_beta2, neg_step, bc2_sqrt, eps, decay, l2};
+            const AdamScalars s{lerp_w, beta2, one_m_beta2, neg_step, inv_bc2_sqrt, eps, decay, l2};
             adam_update(ptr<float>(p), ptr<const float>(g), ptr<float>(exp_avg), ptr<float>(exp_avg_sq), n, s,
                         ptr<uint16_t>(copy), static_cast<CopyDtype>(copy_dtype), threads);
         },

@@ -53,7 +53,8 @@ stage), ``zero_stage_impl`` (:class:`~dscore.runtime.zero_api.ZeroStage`: ``modu
 ``state_dict()``, ``load_module_state_dict(sd, strict=)``, ``load_state_dict(sd, load_optimizer_states=)``,
 ``stage``), ``lr_scheduler`` (``state_dict``/``load_state_dict``, may be None), ``loss_scaler``
 (:class:`~dscore.runtime.zero_api.LossScaler` or None), ``global_steps``, ``global_samples``,
-``micro_steps``, ``skipped_steps`` (ints; assigned on load), ``config`` (``checkpoint.tag_validation``,
+``micro_steps``, ``skipped_steps`` (ints; restored through ``load_counters_state(dict)`` when the engine
+has it, else assigned), ``config`` (``checkpoint.tag_validation``,
 ``zero_optimization.gather_16bit_weights_on_model_save``, ``model_dump()`` stored for inspection),
 ``runtime.comm`` (:class:`dscore.comm.Comm`: ``get_rank()``, ``get_world_size()``,
 ``all_gather_object(obj) -> list``; without it ``torch.distributed``'s default group, else one process),

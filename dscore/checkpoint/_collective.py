@@ -92,8 +92,10 @@ class Collectives:
         if failures:
             if len(failures) == 1 or all(f.message == failures[0][1].message for _, f in failures):
                 r0, f0 = failures[0]
-                where = "" if self.world_size == 1 else (
-                    f" (on rank {r0})" if len(failures) == 1 else f" (on ranks {[r for r, _ in failures]})"
+                where = (
+                    ""
+                    if self.world_size == 1
+                    else (f" (on rank {r0})" if len(failures) == 1 else f" (on ranks {[r for r, _ in failures]})")
                 )
                 message = f"{f0.message}{where}" if f0.own else f"{what} failed{where}: {f0.message}"
             else:

@@ -327,7 +327,6 @@ def save_checkpoint(
 
     written, err = _local_error(write)
     manifests = coll.agree(err, f"writing checkpoint files into {tmp_dir}", written)
-    del module_sd, optim_sd
 
     # Phase 4 - rank 0 seals the directory, publishes it under its tag, then moves `latest`.
     def publish() -> None:
@@ -401,7 +400,9 @@ def _meta_json(meta: dict[str, str], key: str, path: str) -> Any:
     try:
         return json.loads(meta[key])
     except (KeyError, ValueError) as exc:
-        raise CheckpointError(f"{path} has no valid {key!r} metadata; it was not written by dscore's checkpointer") from exc
+        raise CheckpointError(
+            f"{path} has no valid {key!r} metadata; it was not written by dscore's checkpointer"
+        ) from exc
 
 
 def load_checkpoint(
@@ -524,10 +525,12 @@ def load_checkpoint(
         scaler = getattr(engine, "loss_scaler", None)
         if scaler is not None and es.get("loss_scaler") is not None:
             scaler.load_state_dict(es["loss_scaler"])
-        engine.global_steps = int(es["global_steps"])
-        engine.global_samples = int(es["global_samples"])
-        engine.micro_steps = int(es["micro_steps"])
-        engine.skipped_steps = int(es["skipped_steps"])
+        counters = {k: int(es[k]) for k in ("global_steps", "global_samples", "micro_steps", "skipped_steps")}
+        if callable(getattr(engine, "load_counters_state", None)):
+            engine.load_counters_state(counters)  # also resets the engine's throughput window
+        else:
+            for key, value in counters.items():
+                setattr(engine, key, value)
         rs = state["rank"]
         if rs.get("data_sampler") is not None:
             view.load_data_sampler_state(rs["data_sampler"])
@@ -549,7 +552,10 @@ def load_checkpoint(
     coll.agree(err, f"loading checkpoint {tag_dir} into the engine")
     if rank == 0:
         logger.info(
-            "loaded checkpoint %s (saved with %d rank(s), loaded with %d)", tag_dir, state["manifest"]["world_size"], world
+            "loaded checkpoint %s (saved with %d rank(s), loaded with %d)",
+            tag_dir,
+            state["manifest"]["world_size"],
+            world,
         )
     view.call_hook("dscore_checkpoint_loaded", load_dir=load_dir_text, tag=tag_text)
     return model_path, state["client"]

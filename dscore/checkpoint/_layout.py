@@ -330,8 +330,7 @@ def resolve_tag(load_dir: str, tag: str | None, *, what: str = "load_checkpoint"
     tag_dir = os.path.join(load_dir, tag)
     if not os.path.isdir(tag_dir):
         raise CheckpointNotFoundError(
-            f"checkpoint tag {tag!r} ({source}) does not exist in {load_dir}; complete tags: "
-            f"{_complete_text(load_dir)}"
+            f"checkpoint tag {tag!r} ({source}) does not exist in {load_dir}; complete tags: {_complete_text(load_dir)}"
         )
     if not is_complete(tag_dir):
         raise CheckpointNotFoundError(

@@ -29,9 +29,7 @@ from dscore.errors import CheckpointError
 
 __all__ = ["ALLOWED_TYPES_TEXT", "decode", "encode"]
 
-ALLOWED_TYPES_TEXT = (
-    "None, bool, int, float, str, list, tuple, dict (keys: str/int/float/bool/None) and torch.Tensor"
-)
+ALLOWED_TYPES_TEXT = "None, bool, int, float, str, list, tuple, dict (keys: str/int/float/bool/None) and torch.Tensor"
 _SCALARS = (type(None), bool, int, str)
 
 

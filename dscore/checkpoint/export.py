@@ -39,7 +39,9 @@ def _tag_dir(checkpoint_dir: str, tag: str | None, what: str) -> str:
     return os.path.join(checkpoint_dir, resolved)
 
 
-def get_fp32_state_dict_from_checkpoint(checkpoint_dir: str | os.PathLike[str], tag: str | None = None) -> dict[str, torch.Tensor]:
+def get_fp32_state_dict_from_checkpoint(
+    checkpoint_dir: str | os.PathLike[str], tag: str | None = None
+) -> dict[str, torch.Tensor]:
     """The full model state dict of a checkpoint with floating-point tensors in fp32 (on CPU).
 
     Args:
@@ -149,4 +151,3 @@ def describe_checkpoints(checkpoint_dir: str | os.PathLike[str]) -> dict[str, An
             }
         )
     return {"dir": d, "latest": L.read_latest(d), "tags": tags}
-

@@ -31,7 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     exp.add_argument("output", metavar="OUT", help="output .safetensors file (or a directory for model.safetensors)")
     exp.add_argument("--tag", "-t", default=None, help="tag to export (default: the one named by CKPT_DIR/latest)")
     exp.add_argument(
-        "--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="dtype of floating-point tensors (default fp32)"
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default="fp32",
+        help="dtype of floating-point tensors (default fp32)",
     )
     lst = sub.add_parser("list", help="list the tags of a checkpoint directory", allow_abbrev=False)
     lst.add_argument("checkpoint_dir", metavar="CKPT_DIR", help="the directory given to save_checkpoint")

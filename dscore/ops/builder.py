@@ -378,9 +378,10 @@ class OpBuilder:
 
         plan.directory.mkdir(parents=True, exist_ok=True)
         baton = plan.directory / _TORCH_BATON
-        if baton.exists():  # we hold the flock, so whoever left it is gone
-            logger.warning("removed a stale torch build lock %s left by an interrupted build", baton)
-            baton.unlink()
+        if baton.exists():  # we hold the flock, so no live build of this key owns it
+            if hasattr(cpp_extension, "FileBaton"):  # torch <= 2.13: the file's existence blocks forever
+                logger.warning("removed a stale torch build lock %s left by an interrupted build", baton)
+            baton.unlink()  # newer torch holds an flock on it and leaves the file behind: nothing to report
         (plan.directory / _STAMP).unlink(missing_ok=True)
         digest = self.source_digest()
         start = time.perf_counter()
@@ -494,7 +495,8 @@ class CUDAOpBuilder(OpBuilder):
         return [p for p in self.sources() if p.suffix == ".cu"]
 
     def device_flags(self) -> list[str]:
-        return ["-O3", "-std=c++17", "-lineinfo"]  # no --use_fast_math: results must match torch
+        # no --use_fast_math and no FMA contraction: results follow the written op order, like torch's
+        return ["-O3", "-std=c++17", "-lineinfo", "--fmad=false"]
 
     def arch_list(self, environ: Mapping[str, str] | None = None) -> list[tuple[str, bool]]:
         """``[(capability, ptx), ...]`` to compile for.

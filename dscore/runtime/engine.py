@@ -24,6 +24,12 @@ Semantics (DeepSpeed 0.19.8):
   :meth:`is_gradient_accumulation_boundary` is true only while ``step()`` runs (or when set explicitly),
   and ``global_samples`` grows by ``train_batch_size // gradient_accumulation_steps`` per ``backward``.
 
+Logging: every ``steps_per_print`` optimizer steps rank 0 logs step, skipped steps, mean loss over the
+window, learning rates, loss scale and samples/s (logger ``dscore.runtime.engine``); with
+``wall_clock_breakdown`` the mean forward/backward/step times (ms, device-synchronized) are logged on
+the same steps. Monitors (rank 0) receive ``Train/Samples/train_loss``, ``Train/Samples/lr`` and (fp16)
+``Train/Samples/loss_scale`` at every optimizer step, with ``global_samples`` as the x value.
+
 Checkpoint-facing state (for :mod:`dscore.checkpoint`): :meth:`counters_state` /
 :meth:`load_counters_state`, :attr:`lr_scheduler`, :attr:`zero_stage_impl` (``state_dict``,
 ``load_state_dict``, ``module_state_dict``, ``load_module_state_dict``), :attr:`loss_scaler`,

@@ -91,7 +91,8 @@ def initialize(
 
     Raises:
         InitializeError: no model, no config, or configs from two sources.
-        ConfigError: the config is invalid (raised before any process-group work).
+        ConfigError: the config is invalid (raised before any process-group work); ZeRO stage 1 or 2
+            without an optimizer (DeepSpeed: "zero stage 2 requires an optimizer").
         PluginValidationError / PluginLoadError / ComponentNotFoundError: a plugin is broken or missing.
         DistributedError: the process group cannot be created or ranks run different plugins.
     """
@@ -186,6 +187,12 @@ def _assemble(
     # 5. optimizer, ZeRO stage, scheduler
     param_groups = _param_groups(module, model_parameters)
     choice = choose_optimizer(cfg, registry, client_optimizer)
+    if stage_number in (1, 2) and not choice.has_optimizer:
+        raise ConfigError(
+            f"ZeRO stage {stage_number} requires an optimizer (it partitions optimizer state): set optimizer.type "
+            "in ds_config or pass optimizer= to dscore.initialize, or use zero_optimization.stage 0 or 3",
+            path="zero_optimization.stage",
+        )
     stage_spec = registry.zero_stage(stage_number)
     stage_cls = resolve(stage_spec.factory)
     ctx = ZeroStageContext(

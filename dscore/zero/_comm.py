@@ -2,10 +2,10 @@
 
 ZeRO needs asynchronous collectives (a handle to ``wait()`` on) to overlap communication with backward
 and to prefetch parameters, and it needs the tensor forms (``all_gather_into_tensor`` /
-``reduce_scatter_tensor``) that write straight into flat buffers. This adapter calls
-:mod:`torch.distributed` on the process group of the runtime's :class:`dscore.comm.Comm` facade when it
-exposes one (``process_group`` / ``group``), else on the default group. Works on gloo (CPU), nccl and
-any backend that implements the four collectives.
+``reduce_scatter_tensor``) that write straight into flat buffers. When the engine hands over the
+runtime's :class:`dscore.comm.Comm` facade, every collective goes through it (so its emulation of
+operations a backend lacks applies); without one (unit tests, ``dscore.zero.Init`` before
+``initialize``) :mod:`torch.distributed` is called on the default group.
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class Collectives:
             if callable(group):
                 group = group()
         self.group = group
+        # delegate to the facade only when it has the tensor collectives (duck-typed Comm)
+        self.comm = comm if comm is not None and hasattr(comm, "reduce_scatter_tensor") else None
         if dist.is_available() and dist.is_initialized():
             self.rank = int(dist.get_rank(group))
             self.world = int(dist.get_world_size(group))
@@ -66,19 +68,34 @@ class Collectives:
             if out.data_ptr() != inp.data_ptr():
                 out.copy_(inp)
             return Handle()
+        if self.comm is not None:
+            return Handle(self.comm.all_gather_into_tensor(out, inp, async_op=async_op))
         return Handle(_ag(out, inp, group=self.group, async_op=async_op))
+
+    def all_gather_list(self, outs: list[torch.Tensor], inp: torch.Tensor, *, async_op: bool = False) -> Handle:
+        """``outs[r]`` <- rank ``r``'s ``inp`` (outputs may be non-contiguous with each other)."""
+        if self.world == 1:
+            outs[0].copy_(inp)
+            return Handle()
+        if self.comm is not None:
+            return Handle(self.comm.all_gather(outs, inp, async_op=async_op))
+        return Handle(dist.all_gather(outs, inp, group=self.group, async_op=async_op))
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, *, async_op: bool = False) -> Handle:
         """``out`` <- sum over ranks of chunk ``rank`` of ``inp`` (``inp`` has ``world * out.numel()`` elements)."""
         if self.world == 1:
             out.copy_(inp)
             return Handle()
+        if self.comm is not None:
+            return Handle(self.comm.reduce_scatter_tensor(out, inp, async_op=async_op))
         return Handle(_rs(out, inp, group=self.group, async_op=async_op))
 
     def all_reduce(self, t: torch.Tensor, *, op: str = "sum", async_op: bool = False) -> Handle:
         """In-place all-reduce of ``t`` (``op``: ``"sum"`` or ``"max"``)."""
         if self.world == 1:
             return Handle()
+        if self.comm is not None:
+            return Handle(self.comm.all_reduce(t, op, async_op=async_op))
         red = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM
         return Handle(dist.all_reduce(t, op=red, group=self.group, async_op=async_op))
 
@@ -87,4 +104,6 @@ class Collectives:
         if self.world == 1:
             return Handle()
         global_src = dist.get_global_rank(self.group, src) if self.group is not None else src
+        if self.comm is not None:
+            return Handle(self.comm.broadcast(t, global_src, async_op=async_op))
         return Handle(dist.broadcast(t, global_src, group=self.group, async_op=async_op))

@@ -62,7 +62,12 @@ def _snapshot(engine) -> dict:
     def cpu(x):  # tensors travel back as plain lists: torch's shared-memory pickling outlives no rank
         if isinstance(x, torch.Tensor):
             t = x.detach().to("cpu")
-            return ("tensor", str(t.dtype), tuple(t.shape), t.float().tolist() if t.dtype == torch.bfloat16 else t.tolist())
+            return (
+                "tensor",
+                str(t.dtype),
+                tuple(t.shape),
+                t.float().tolist() if t.dtype == torch.bfloat16 else t.tolist(),
+            )
         if isinstance(x, dict):
             return {k: cpu(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):

@@ -15,7 +15,6 @@ pytest.importorskip("sklearn")
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
 def test_mlp_example_trains_to_90_percent() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     env.setdefault("OMP_NUM_THREADS", "1")

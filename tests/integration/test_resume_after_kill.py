@@ -21,6 +21,7 @@ import torch
 import dscore
 from dscore.checkpoint import _layout as L
 from dscore.checkpoint._tensorfile import read_tensor_file
+from dscore.testing import find_free_port
 
 pytestmark = pytest.mark.slow
 
@@ -71,10 +72,22 @@ sys.exit(3)
 """
 
 
+def _child_env() -> dict[str, str]:
+    """A single-process environment with its own rendezvous port (this process may hold one already)."""
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_VARS}
+    env.update(OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()))
+    return env
+
+
+_DIST_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "CROSS_RANK"}
+
+
 def _engine():
     torch.manual_seed(1)
     model = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    engine, *_ = dscore.initialize(model=model, config={"train_batch_size": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-2}}})
+    engine, *_ = dscore.initialize(
+        model=model, config={"train_batch_size": 2, "optimizer": {"type": "Adam", "params": {"lr": 1e-2}}}
+    )
     return engine
 
 
@@ -89,7 +102,7 @@ def test_sigkill_during_save_then_resume(tmp_path, point):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=_child_env(),
     )
     try:
         deadline = time.monotonic() + 240

@@ -283,7 +283,11 @@ def test_scalar_fallback_build_after_killed_build(
         module = builder.load()
     assert module.simd == "scalar" and module is not cpu_ops["cpu_adam"]
     messages = " ".join(r.getMessage() for r in caplog.records)
-    assert "stale build lock" in messages and "stale torch build lock" in messages
+    assert "stale build lock" in messages
+    import torch.utils.cpp_extension as cpp_extension
+
+    if hasattr(cpp_extension, "FileBaton"):  # torch versions whose lock file blocks by existence
+        assert "stale torch build lock" in messages
     assert not (plan.directory / "lock").exists()
 
     # numerics of the scalar path (including its software fp16/bf16 conversion)

@@ -30,7 +30,10 @@ def _engine(seed: int = 0, *, stage: int = 0, extra: dict | None = None):
         "train_batch_size": 4,
         "gradient_accumulation_steps": 2,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2}},
-        "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 50, "warmup_num_steps": 4, "warmup_max_lr": 1e-2}},
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {"total_num_steps": 50, "warmup_num_steps": 4, "warmup_max_lr": 1e-2},
+        },
         "zero_optimization": {"stage": stage},
     }
     config.update(extra or {})
@@ -92,6 +95,7 @@ def test_layout_default_tag_and_latest(trained):
 def test_roundtrip_restores_everything_and_client_state_exactly(trained, monkeypatch):
     engine, save_dir, client = trained
     fresh = _engine(seed=7)
+
     # no pickle anywhere on the load path
     def no_pickle(*a, **k):
         raise AssertionError("pickle used while loading a checkpoint")
@@ -278,7 +282,10 @@ def test_cli_export_and_list_without_a_process_group(tmp_path, capsys):
     got, _ = read_tensor_file(str(out))
     ref = engine.module.state_dict()
     assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k].bfloat16()) for k in ref)
-    assert cli_main(["checkpoint", "export", str(tmp_path / "ck"), str(tmp_path / "s.safetensors"), "--tag", "second"]) == 0
+    assert (
+        cli_main(["checkpoint", "export", str(tmp_path / "ck"), str(tmp_path / "s.safetensors"), "--tag", "second"])
+        == 0
+    )
     assert cli_main(["checkpoint", "export", str(tmp_path / "nope"), str(tmp_path / "x.safetensors")]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert cli_main(["checkpoint", "list", str(tmp_path / "ck"), "--json"]) == 0
@@ -290,3 +297,34 @@ def test_cli_export_and_list_without_a_process_group(tmp_path, capsys):
     ]
     assert cli_main(["checkpoint", "list", str(tmp_path / "ck")]) == 0
     assert "global_step1" in capsys.readouterr().out
+
+
+def test_save_16bit_model_under_stage3_needs_gathering(tmp_path):
+    engine = _engine(stage=3)
+    with pytest.raises(CheckpointError, match="gather_16bit_weights_on_model_save"):
+        engine.save_16bit_model(str(tmp_path))
+    assert os.listdir(tmp_path) == []
+    engine = _engine(stage=3, extra={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}})
+    assert engine.save_16bit_model(str(tmp_path)) is True
+    state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    ref = _model(0).state_dict()  # the untrained weights, full shapes (not the stage-3 partitions)
+    assert state.keys() == ref.keys()
+    for k in ref:
+        assert state[k].shape == ref[k].shape and torch.equal(state[k], ref[k]), k
+
+
+@pytest.mark.parametrize("save_stage, load_stage", [(0, 2), (2, 0), (1, 3)])
+def test_load_across_zero_stages(tmp_path, save_stage, load_stage):
+    src = _engine(stage=save_stage)
+    _train(src, 3)
+    src.save_checkpoint(str(tmp_path))
+    dst = _engine(seed=5, stage=load_stage)
+    dst.load_checkpoint(str(tmp_path))
+    a, b = src.zero_stage_impl.state_dict(), dst.zero_stage_impl.state_dict()
+    assert a["param_names"] == b["param_names"]
+    for name, st in a["state"].items():
+        for key, val in st.items():
+            assert torch.equal(torch.as_tensor(val), torch.as_tensor(b["state"][name][key])), (name, key)
+    ma, mb = src.zero_stage_impl.module_state_dict(), dst.zero_stage_impl.module_state_dict()
+    assert all(torch.equal(ma[k], mb[k]) for k in ma)
+    assert dst.global_steps == 3 and dst.get_lr() == src.get_lr()

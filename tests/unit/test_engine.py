@@ -260,6 +260,8 @@ def test_returns_none_exactly_when_deepspeed_would() -> None:
     assert opt is None and loader is None and sched is None  # no optimizer => no scheduler either
     with pytest.raises(DscoreError, match="needs an optimizer"):
         engine.backward(mse(engine(make_data(4)[0]), make_data(4)[1]))
+    with pytest.raises(ConfigError, match="ZeRO stage 2 requires an optimizer"):
+        dscore.initialize(model=make_model(), config=base_config(zero_optimization={"stage": 2}))
 
 
 def test_missing_model_or_config_are_clear_errors() -> None:
@@ -275,11 +277,32 @@ def test_missing_model_or_config_are_clear_errors() -> None:
 
 
 def test_invalid_config_fails_before_any_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch.distributed as dist
+    from dscore.runtime import runtime as runtime_mod
 
-    with pytest.raises(ConfigError):
+    def no_runtime(*a, **k):
+        raise AssertionError("Runtime.create (process-group work) ran before the config was validated")
+
+    monkeypatch.setattr(runtime_mod.Runtime, "create", classmethod(no_runtime))
+    with pytest.raises(ConfigError, match="train_micro_batch_size_per_gpu"):
         dscore.initialize(model=make_model(), config={"train_micro_batch_size_per_gpu": 0})
-    assert not dist.is_initialized() or dist.get_world_size() == 1
+    with pytest.raises(ConfigError):
+        dscore.initialize(model=make_model(), config={"train_batch_size": 4, "zero_optimization": {"stage": 7}})
+
+
+def test_non_scalar_loss_and_no_sync_with_zero2_are_refused() -> None:
+    engine, *_ = dscore.initialize(
+        model=make_model(), config=base_config(optimizer={"type": "SGD", "params": {"lr": 0.1}})
+    )
+    x, y = make_data(4)
+    with pytest.raises(DscoreError, match="scalar loss"):
+        engine.backward((engine(x) - y) ** 2)
+    engine2, *_ = dscore.initialize(
+        model=make_model(),
+        config=base_config(optimizer={"type": "SGD", "params": {"lr": 0.1}}, zero_optimization={"stage": 2}),
+    )
+    with pytest.raises(DscoreError, match="ZeRO stage 2"):
+        with engine2.no_sync():
+            pass
 
 
 def test_config_params_and_args_sources(tmp_path) -> None:
@@ -460,6 +483,29 @@ def test_training_dataloader_batches_and_sampler_state() -> None:
     assert len(resumed) == 2
     for a, b in zip(resumed, rest):
         torch.testing.assert_close(a, b)
+
+
+def test_training_dataloader_collate_fn_and_drop_last() -> None:
+    dataset = torch.utils.data.TensorDataset(*make_data(10))
+    seen = []
+
+    def collate(samples):
+        seen.append(len(samples))
+        return torch.stack([s[0] for s in samples]), torch.stack([s[1] for s in samples])
+
+    _, _, loader, _ = dscore.initialize(
+        model=make_model(),
+        training_data=dataset,
+        collate_fn=collate,
+        config=base_config(
+            train_micro_batch_size_per_gpu=4,
+            dataloader_drop_last=True,
+            optimizer={"type": "SGD", "params": {"lr": 0.1}},
+        ),
+    )
+    assert len(loader) == 2
+    assert [len(b[0]) for b in loader] == [4, 4]
+    assert seen == [4, 4]
 
 
 def test_checkpoint_state_accessors_round_trip() -> None:

@@ -201,14 +201,14 @@ class DscoreCPUAdam(_CPUOptimizer):
         beta1, beta2 = (float(b) for b in group["betas"])
         if group["bias_correction"]:
             neg_step = -lr / (1.0 - beta1**step)
-            bc2_sqrt = math.sqrt(1.0 - beta2**step)
+            inv_bc2_sqrt = 1.0 / math.sqrt(1.0 - beta2**step)
         else:
-            neg_step, bc2_sqrt = -lr, 1.0
+            neg_step, inv_bc2_sqrt = -lr, 1.0
         decay = 1.0 - lr * wd if group["adamw_mode"] else 1.0
         l2 = 0.0 if group["adamw_mode"] else wd
         self._op.adam_update(
             p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(), 1.0 - beta1, beta2, 1.0 - beta2,
-            neg_step, bc2_sqrt, float(group["eps"]), decay, l2, copy, code, threads,
+            neg_step, inv_bc2_sqrt, float(group["eps"]), decay, l2, copy, code, threads,
         )
 
 

@@ -41,7 +41,6 @@ import logging
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from dscore.errors import ConfigError
 from dscore.runtime.zero_api import StepOutcome, ZeroStage, ZeroStageContext
@@ -403,7 +402,7 @@ class PartitionedOptimizerStage(ZeroStage):
                 for a in range(0, b.chunk, piece):
                     e = min(b.chunk, a + piece)
                     outs = [b.data[q * b.chunk + a : q * b.chunk + e] for q in range(self.world)]
-                    handles.append(Handle(dist.all_gather(outs, src[a:e], group=self.coll.group, async_op=True)))
+                    handles.append(self.coll.all_gather_list(outs, src[a:e], async_op=True))
         for h in handles:
             h.wait()
 
