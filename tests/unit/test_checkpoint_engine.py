@@ -321,7 +321,8 @@ def test_load_across_zero_stages(tmp_path, save_stage, load_stage):
     dst = _engine(seed=5, stage=load_stage)
     dst.load_checkpoint(str(tmp_path))
     a, b = src.zero_stage_impl.state_dict(), dst.zero_stage_impl.state_dict()
-    assert a["param_names"] == b["param_names"]
+    assert sorted(a["param_names"]) == sorted(b["param_names"])  # stages may order them differently
+    assert a["state"].keys() == b["state"].keys()
     for name, st in a["state"].items():
         for key, val in st.items():
             assert torch.equal(torch.as_tensor(val), torch.as_tensor(b["state"][name][key])), (name, key)

@@ -222,3 +222,12 @@ def test_durable_switch(monkeypatch):
     assert L.durable()
     monkeypatch.delenv(L.FSYNC_ENV)
     assert L.durable()
+
+
+def test_cli_module_is_torch_free_at_import():
+    import subprocess
+    import sys
+
+    code = "import sys, dscore.cli.checkpoint as c; assert 'torch' not in sys.modules, 'torch imported'; print('ok')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
