@@ -66,15 +66,15 @@ def run(total: int, tensors: int, threads_list: list[int], rounds: int, warmup: 
     ours.step()  # creates state
     ref.step()
     op = ours._op
-    states = [ours.state[p] for p in ours_params]
+    # the probe gets its own arrays: it must not disturb the optimizers' values (v += g could go negative)
+    probe_arrays = [[torch.rand(n) for _ in range(4)] for n in sizes]
     bf16_ours = [torch.empty(n, dtype=torch.bfloat16) for n in sizes]
     bf16_ref = [torch.empty(n, dtype=torch.bfloat16) for n in sizes]
 
     def probe() -> None:
         t = torch.get_num_threads()
-        for p, st in zip(ours_params, states):
-            op.stream_probe(p.data_ptr(), p.grad.data_ptr(), st["exp_avg"].data_ptr(), st["exp_avg_sq"].data_ptr(),
-                            p.numel(), t)
+        for p, g, m, v in probe_arrays:
+            op.stream_probe(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(), t)
 
     def torch_then_copy() -> None:
         ref.step()
@@ -90,6 +90,8 @@ def run(total: int, tensors: int, threads_list: list[int], rounds: int, warmup: 
     }
     results = []
     for threads in threads_list:
+        if not all(bool(torch.isfinite(p).all()) for p in ours_params):
+            raise RuntimeError("benchmark parameters became non-finite")
         torch.set_num_threads(threads)
         samples: dict[str, list[float]] = {k: [] for k in variants}
         names = list(variants)

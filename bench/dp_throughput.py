@@ -20,6 +20,8 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import importlib.util
 import logging
 import os
@@ -68,6 +70,43 @@ def _dscore_config(stage: int, micro: int) -> dict[str, Any]:
     }
 
 
+def _malloc_trim() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+def _warm_imports(variant: str) -> None:
+    """One step of the same variant on a tiny model, so the baseline RSS already holds every module
+    and runtime structure the variant loads (plugins, pydantic models, DDP reducer code)."""
+    import torch
+
+    tiny = torch.nn.Linear(8, 8)
+    x = torch.randn(2, 8)
+    if variant == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        m = DDP(tiny)
+        m(x).sum().backward()
+        del m
+    elif variant.startswith("deepspeed"):
+        import deepspeed
+
+        engine, *_ = deepspeed.initialize(model=tiny, model_parameters=tiny.parameters(),
+                                          config=_dscore_config(int(variant[-1]), 2))
+        engine.backward(engine(x).sum())
+        engine.step()
+        del engine
+    else:
+        import dscore
+
+        engine, *_ = dscore.initialize(model=tiny, config=_dscore_config(int(variant[-1]), 2))
+        engine.backward(engine(x).sum())
+        engine.step()
+        del engine
+
+
 def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warmup: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -75,6 +114,9 @@ def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warm
 
     logging.getLogger("dscore").setLevel(logging.WARNING)
     rank = dist.get_rank()
+    _warm_imports(variant)
+    gc.collect()
+    _malloc_trim()
     dist.barrier()
     base = _rss_bytes()
     g = torch.Generator().manual_seed(rank)

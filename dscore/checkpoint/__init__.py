@@ -21,7 +21,8 @@ Guarantees:
   ``FAIL`` raises :class:`~dscore.errors.CheckpointError`; ``WARN`` (default) logs and ``IGNORE`` stays
   silent, and both save one checkpoint under rank 0's tag (DeepSpeed would write one per distinct tag).
   Tags must be one directory name (no separators, no leading ``.``, not ``latest``).
-* **Atomic.** Files go into a private ``<save_dir>/.<tag>.tmp-<token>`` directory, each fsynced; after
+* **Atomic.** Files go into a private ``<save_dir>/.<tag>.tmp-<token>`` directory (fsynced, with the
+  directories, when ``DSCORE_CHECKPOINT_FSYNC=1``; off by default for torch.save speed); after
   every rank finished, rank 0 writes ``_COMPLETE`` and renames the directory to ``<tag>`` (an existing tag
   is swapped in one ``renameat2(RENAME_EXCHANGE)`` on Linux), then replaces ``latest`` by rename. A save
   killed at any point leaves the previous tags and ``latest`` as they were; the next save of the same tag

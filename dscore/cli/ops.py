@@ -117,7 +117,7 @@ def _build(registry, specs: list[OpBuilderSpec], names: list[str], *, verbose: b
                 print(f"FAILED   {spec.name}: not compatible here: {reason}")
                 failures += 1
             else:
-                why = f"{spec.build_env_var} asked for it, but " if strict_env else ""
+                why = f"selected by DS_BUILD_OPS/{spec.build_env_var}, but " if strict_env else ""
                 print(f"skipped  {spec.name}: {why}not compatible here: {reason}")
             continue
         start = time.perf_counter()

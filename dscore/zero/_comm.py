@@ -10,6 +10,7 @@ operations a backend lacks applies); without one (unit tests, ``dscore.zero.Init
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -22,17 +23,26 @@ _rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class Handle:
-    """A completed-or-pending collective; ``wait()`` is idempotent (a no-op for synchronous ones)."""
+    """A completed-or-pending collective (or several); ``wait()`` is idempotent and runs ``finish``
+    (e.g. copying a chunk out of an all-reduced buffer) once everything completed."""
 
-    __slots__ = ("_work",)
+    __slots__ = ("_works", "_finish")
 
-    def __init__(self, work: Any = None) -> None:
-        self._work = work
+    def __init__(self, work: Any = None, finish: Any = None) -> None:
+        works = work if isinstance(work, list) else [work]
+        self._works = [w for w in works if w is not None]
+        self._finish = finish
+        if not self._works and finish is not None:
+            finish()
+            self._finish = None
 
     def wait(self) -> None:
-        if self._work is not None:
-            self._work.wait()
-            self._work = None
+        for w in self._works:
+            w.wait()
+        self._works = []
+        if self._finish is not None:
+            fin, self._finish = self._finish, None
+            fin()
 
 
 class Collectives:
@@ -59,15 +69,29 @@ class Collectives:
         if dist.is_available() and dist.is_initialized():
             self.rank = int(dist.get_rank(group))
             self.world = int(dist.get_world_size(group))
+            backend = str(dist.get_backend(group)).lower()
         else:
             self.rank, self.world = 0, 1
+            backend = ""
+        #: use all-reduce / broadcasts for reduce-scatter / all-gather (gloo's own are the slow ones)
+        self.gloo_fast = backend == "gloo" and os.environ.get("DSCORE_ZERO_GLOO_NATIVE", "0") != "1"
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, *, async_op: bool = False) -> Handle:
-        """``out`` (``world * inp.numel()`` elements, contiguous) <- every rank's ``inp``, rank order."""
+        """``out`` (``world * inp.numel()`` elements, contiguous) <- every rank's ``inp``, rank order.
+
+        On gloo this is ``world`` broadcasts, one from each owner, into ``out``'s chunks (exact; measured
+        on loopback with 16 MB at 2 ranks about 2x faster than gloo's allgather)."""
         if self.world == 1:
             if out.data_ptr() != inp.data_ptr():
                 out.copy_(inp)
             return Handle()
+        if self.gloo_fast:
+            n = inp.numel()
+            out[self.rank * n : (self.rank + 1) * n].copy_(inp.reshape(-1))
+            works = [
+                self.broadcast(out[q * n : (q + 1) * n], q, async_op=async_op)._works for q in range(self.world)
+            ]
+            return Handle([w for ws in works for w in ws])
         if self.comm is not None:
             return Handle(self.comm.all_gather_into_tensor(out, inp, async_op=async_op))
         return Handle(_ag(out, inp, group=self.group, async_op=async_op))
@@ -82,10 +106,18 @@ class Collectives:
         return Handle(dist.all_gather(outs, inp, group=self.group, async_op=async_op))
 
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, *, async_op: bool = False) -> Handle:
-        """``out`` <- sum over ranks of chunk ``rank`` of ``inp`` (``inp`` has ``world * out.numel()`` elements)."""
+        """``out`` <- sum over ranks of chunk ``rank`` of ``inp`` (``inp`` has ``world * out.numel()`` elements).
+
+        ``inp`` may be overwritten (on gloo it is all-reduced in place and this rank's chunk copied out
+        when the handle is waited on: gloo's reduce-scatter measured about 2x slower than its all-reduce)."""
         if self.world == 1:
             out.copy_(inp)
             return Handle()
+        if self.gloo_fast:
+            n = out.numel()
+            work = self.all_reduce(inp, async_op=async_op)._works
+            chunk = inp.reshape(-1)[self.rank * n : (self.rank + 1) * n]
+            return Handle(work, lambda: out.copy_(chunk.view_as(out)))
         if self.comm is not None:
             return Handle(self.comm.reduce_scatter_tensor(out, inp, async_op=async_op))
         return Handle(_rs(out, inp, group=self.group, async_op=async_op))

@@ -304,7 +304,9 @@ def test_save_16bit_model_under_stage3_needs_gathering(tmp_path):
     with pytest.raises(CheckpointError, match="gather_16bit_weights_on_model_save"):
         engine.save_16bit_model(str(tmp_path))
     assert os.listdir(tmp_path) == []
-    engine = _engine(stage=3, extra={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}})
+    engine = _engine(
+        stage=3, extra={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True}}
+    )
     assert engine.save_16bit_model(str(tmp_path)) is True
     state = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
     ref = _model(0).state_dict()  # the untrained weights, full shapes (not the stage-3 partitions)
@@ -329,3 +331,25 @@ def test_load_across_zero_stages(tmp_path, save_stage, load_stage):
     ma, mb = src.zero_stage_impl.module_state_dict(), dst.zero_stage_impl.module_state_dict()
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
     assert dst.global_steps == 3 and dst.get_lr() == src.get_lr()
+
+
+def test_durable_mode_fsyncs_and_roundtrips(tmp_path, monkeypatch):
+    from dscore.checkpoint import _tensorfile
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    monkeypatch.setattr(_tensorfile, "_WRITEBACK_CHUNK", 256)  # exercise the early-writeback path on small files
+    monkeypatch.setenv(L.FSYNC_ENV, "1")
+    engine = _engine()
+    _train(engine, 1)
+    engine.save_checkpoint(str(tmp_path))
+    # every data file, the manifest, latest, and the directories
+    assert len(synced) >= 5 + 1 + 1 + 2
+    fresh = _engine(seed=2)
+    fresh.load_checkpoint(str(tmp_path))
+    _same_state(engine, fresh)
+    synced.clear()
+    monkeypatch.setenv(L.FSYNC_ENV, "0")
+    engine.save_checkpoint(str(tmp_path), tag="fast")
+    assert synced == []

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -78,6 +78,8 @@ class _CPUOptimizer(torch.optim.Optimizer):
     """Shared step loop: validation, lazy state, optional low-precision copy targets."""
 
     _OP = ""
+    #: steps fp32 CPU tensors: usable under ZeRO optimizer offload (read by the runtime's offload check)
+    offload_capable: ClassVar[bool] = True
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         super().__init__(params, defaults)

@@ -172,6 +172,13 @@ class PartitionedOptimizerStage(ZeroStage):
             for p in params
             if self.partition_gradients or self.overlap
         ]
+        self._param_handles: dict[int, tuple[list[Handle], torch.Tensor]] = {}
+        self._module_buckets: dict[torch.nn.Module, list[int]] = {}
+        for mod in ctx.module.modules():
+            idx = sorted({self._param_bucket[id(p)][0].index for p in mod.parameters(recurse=False) if id(p) in self._param_bucket})
+            if idx:
+                self._module_buckets[mod] = idx
+                self._hooks.append(mod.register_forward_pre_hook(self._pre_forward))
         self._launching = False
         self._next_launch = 0
         self._inflight: list[_Bucket] = []
@@ -271,6 +278,7 @@ class PartitionedOptimizerStage(ZeroStage):
                 "no_sync is incompatible with gradient partitioning (zero_optimization.stage 2): gradients "
                 "are reduce-scattered on every micro step; use stage 0 or 1 for no_sync"
             )
+        self._wait_params()
         reduce_now = sync and (self.partition_gradients or boundary)
         self._launching = reduce_now and self.overlap
         self._next_launch = 0
@@ -374,24 +382,27 @@ class PartitionedOptimizerStage(ZeroStage):
             return StepOutcome(applied=False, overflow=overflow, global_grad_norm=None)
         if self._optimizer is not None:
             self._optimizer.step()
-            self._all_gather_params()
+            self._all_gather_params(defer=self.overlap)
         self.zero_grad()
         return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)  # type: ignore[arg-type]
 
     @torch.no_grad()
-    def _all_gather_params(self) -> None:
-        """Write every rank's updated chunks into the flat parameter buffers."""
-        handles: list[Any] = []
-        keep: list[torch.Tensor] = []
-        for b in self.buckets:
+    def _all_gather_params(self, *, defer: bool = False) -> None:
+        """Write every rank's updated chunks into the flat parameter buffers.
+
+        Launched in forward order (last bucket first). With ``defer`` (after a step under
+        ``overlap_comm``) nothing is waited on here: each module's forward pre-hook waits for the
+        buckets holding its parameters, so the gather overlaps the next forward.
+        """
+        self._wait_params()
+        for b in reversed(self.buckets):
             src = b.master
             if src.dtype != b.data.dtype or src.device != b.data.device:
                 src = src.to(device=b.data.device, dtype=b.data.dtype, non_blocking=True)
-                keep.append(src)
+            handles: list[Handle] = []
             if self.world == 1:
                 b.data.copy_(src)
-                continue
-            if not self.allgather_partitions:
+            elif not self.allgather_partitions:
                 b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk].copy_(src)
                 for q in range(self.world):
                     handles.append(self.coll.broadcast(b.data[q * b.chunk : (q + 1) * b.chunk], q, async_op=True))
@@ -403,8 +414,23 @@ class PartitionedOptimizerStage(ZeroStage):
                     e = min(b.chunk, a + piece)
                     outs = [b.data[q * b.chunk + a : q * b.chunk + e] for q in range(self.world)]
                     handles.append(self.coll.all_gather_list(outs, src[a:e], async_op=True))
-        for h in handles:
-            h.wait()
+            if handles:
+                self._param_handles[b.index] = (handles, src)
+        if not defer:
+            self._wait_params()
+
+    def _wait_params(self, indices: Any = None) -> None:
+        if not self._param_handles:
+            return
+        for i in list(self._param_handles) if indices is None else indices:
+            entry = self._param_handles.pop(i, None)
+            if entry is not None:
+                for h in entry[0]:
+                    h.wait()
+
+    def _pre_forward(self, mod: torch.nn.Module, args: Any) -> None:
+        if self._param_handles:
+            self._wait_params(self._module_buckets[mod])
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients (flat buffers zeroed in place; staging and per-parameter grads freed)."""
@@ -426,6 +452,7 @@ class PartitionedOptimizerStage(ZeroStage):
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Full tensors keyed by parameter name (collective: call on every rank)."""
+        self._wait_params()
         state, groups, fp32 = optimizer_state_dict(self._optimizer, self.masters, self.layouts, self.coll)
         out: dict[str, Any] = {
             "param_names": [n for lay in self.layouts for n in lay.names],
@@ -440,6 +467,7 @@ class PartitionedOptimizerStage(ZeroStage):
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
         """Re-partition a state saved at any world size; refresh module weights from the fp32 masters."""
+        self._wait_params()
         fp32 = state.get("fp32_params") if load_optimizer_states else None
         if fp32:
             for m, lay in zip(self.masters, self.layouts):
@@ -462,10 +490,12 @@ class PartitionedOptimizerStage(ZeroStage):
 
     def module_state_dict(self) -> dict[str, torch.Tensor]:
         """The module's own state dict (stages 1/2 hold full parameters)."""
+        self._wait_params()
         return self.ctx.module.state_dict()
 
     def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
         """Load full weights in place (the flat buffers stay) and refresh the fp32 master partitions."""
+        self._wait_params()
         self.ctx.module.load_state_dict(state, strict=strict)
         self._refresh_masters()
 
