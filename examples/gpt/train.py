@@ -25,9 +25,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import dscore  # noqa: E402
 from data import bits, get_batch, load_corpus, unigram_baseline  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
+
+import dscore  # noqa: E402
 
 log = logging.getLogger("gpt")
 

@@ -15,6 +15,7 @@ from dscore.testing import run_distributed
 def _train_toy(opt_name: str, steps: int, freeze_step: int, lr: float) -> dict:
     import torch
     import torch.distributed as dist
+
     from dscore_plugins.optim.onebit import OneBitAdam, OneBitLamb
 
     rank, world = dist.get_rank(), dist.get_world_size()

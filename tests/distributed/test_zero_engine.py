@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from test_zero_stages import CLIP, GAS, LR, MICRO, WORLD, batches, make_model, param_groups, reference
 
 from dscore.testing import run_distributed
-
-from test_zero_stages import CLIP, GAS, LR, MICRO, WORLD, batches, make_model, param_groups, reference
 
 
 def _engine_run(stage: int, offload: bool) -> dict[str, Any]:

@@ -299,9 +299,9 @@ def test_partition_bytes_are_one_over_n_within_one_percent() -> None:
     for rank_results in results:
         for (stage, offload), res in zip([(s, o) for s in (1, 2, 3) for o in (False, True)], rank_results):
             full = res["full_param_bytes"]
-            # AdamW: exp_avg + exp_avg_sq (fp32); stages keep fp32 masters too except stage 3 fp32
-            # without offload, where the master *is* the parameter partition.
-            per_param_state = 2 if (stage == 3 and not offload) else 3
+            # AdamW: exp_avg + exp_avg_sq (fp32); with offload a separate fp32 master copy too (without
+            # it, under fp32, the optimizer steps this rank's chunk of the parameters in place).
+            per_param_state = 3 if offload else 2
             ideal_opt = per_param_state * full / WORLD
             got_opt = res["bytes"]["optimizer_state"]
             assert abs(got_opt - ideal_opt) <= 0.01 * ideal_opt, (stage, offload, got_opt, ideal_opt)

@@ -43,12 +43,12 @@ def main() -> int:
     """Run every check; returns the process exit code."""
     logging.basicConfig(level=logging.INFO, format="[check] %(levelname)s %(name)s: %(message)s")
     import torch
-    from dscore_accelerators.cuda.accelerator import CudaAccelerator
-    from dscore_accelerators.cuda.plugin import probe
 
     from dscore.accelerator import select_accelerator
     from dscore.plugin_manager import create_plugin_manager
     from dscore.registry import Registry
+    from dscore_accelerators.cuda.accelerator import CudaAccelerator
+    from dscore_accelerators.cuda.plugin import probe
 
     result = probe()
     sys.stdout.write(f"INFO probe: available={result.available} devices={result.device_count} ({result.reason})\n")

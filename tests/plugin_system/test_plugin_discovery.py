@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 from fakedist import write_distribution
 
-from dscore.errors import ComponentNotFoundError, PluginConflictError, PluginError, PluginLoadError, PluginValidationError
+from dscore.errors import (
+    ComponentNotFoundError,
+    PluginConflictError,
+    PluginError,
+    PluginLoadError,
+    PluginValidationError,
+)
 from dscore.plugin_manager import create_plugin_manager
 from dscore.registry import Registry
 

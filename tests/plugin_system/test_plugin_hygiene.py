@@ -10,10 +10,10 @@ import inspect
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from dscore import hookspecs
 

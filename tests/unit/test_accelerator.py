@@ -7,10 +7,6 @@ import importlib.util
 
 import pytest
 import torch
-from dscore_accelerators.cpu.accelerator import CpuAccelerator
-from dscore_accelerators.cuda.accelerator import CudaAccelerator
-from dscore_accelerators.mps.accelerator import MpsAccelerator
-from dscore_accelerators.xpu.accelerator import XpuAccelerator
 
 from dscore.accelerator import (
     Accelerator,
@@ -23,6 +19,10 @@ from dscore.accelerator import (
     StreamsAndEvents,
 )
 from dscore.errors import AcceleratorError
+from dscore_accelerators.cpu.accelerator import CpuAccelerator
+from dscore_accelerators.cuda.accelerator import CudaAccelerator
+from dscore_accelerators.mps.accelerator import MpsAccelerator
+from dscore_accelerators.xpu.accelerator import XpuAccelerator
 
 
 @pytest.fixture

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from dscore_plugins.precision.precision import Bf16Mode, Fp32Mode
-from dscore_plugins.zero.stage0 import Stage0
 
 from dscore.runtime.dataloader import DscoreDataLoader
 from dscore.runtime.zero_api import ZeroStageContext
+from dscore_plugins.precision.precision import Bf16Mode, Fp32Mode
+from dscore_plugins.zero.stage0 import Stage0
 
 
 class FakeComm:

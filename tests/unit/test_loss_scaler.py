@@ -6,13 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
+from dscore.errors import ConfigError, DscoreError
+from dscore.specs import resolve
 from dscore_plugins.precision.loss_scaler import DynamicLossScaler, LossScaleUnderflowError, StaticLossScaler
 from dscore_plugins.precision.overflow import has_overflow, overflow_flag
 from dscore_plugins.precision.precision import Bf16Mode, Fp16Mode, Fp32Mode
 from dscore_plugins.sched.lr_schedules import WarmupLR
-
-from dscore.errors import ConfigError, DscoreError
-from dscore.specs import resolve
 
 
 def _run(scaler, overflows):

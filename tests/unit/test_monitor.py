@@ -8,10 +8,10 @@ import sys
 from types import SimpleNamespace
 
 import pytest
-from dscore_plugins.monitor.monitor import CsvMonitor, MonitorUnavailableError, TensorBoardMonitor, WandbMonitor
-from dscore_plugins.monitor.plugin import dscore_register_monitors
 
 from dscore.specs import resolve
+from dscore_plugins.monitor.monitor import CsvMonitor, MonitorUnavailableError, TensorBoardMonitor, WandbMonitor
+from dscore_plugins.monitor.plugin import dscore_register_monitors
 
 
 def _section(tmp_path, enabled: bool = True) -> SimpleNamespace:

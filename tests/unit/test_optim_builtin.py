@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pydantic import ValidationError
+
+from dscore.errors import ComponentNotFoundError, ConfigError
+from dscore.plugin_manager import create_plugin_manager
+from dscore.registry import Registry
+from dscore.specs import resolve
 from dscore_plugins.optim import config as cfg
 from dscore_plugins.optim.adam import build_adam, build_adamw
 from dscore_plugins.optim.lamb import Lamb
@@ -11,12 +17,6 @@ from dscore_plugins.optim.lion import Lion
 from dscore_plugins.optim.muon import MuonWithAuxAdam, build_muon, newton_schulz5, set_muon_flags
 from dscore_plugins.optim.plugin import OPTIMIZER_SPECS
 from dscore_plugins.optim.torch_optim import build_adagrad, torch_optimizer_factory
-from pydantic import ValidationError
-
-from dscore.errors import ComponentNotFoundError, ConfigError
-from dscore.plugin_manager import create_plugin_manager
-from dscore.registry import Registry
-from dscore.specs import resolve
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from dscore_plugins.optim.onebit import (
     OneBitAdam,
     OneBitLamb,

@@ -7,14 +7,14 @@ import math
 
 import pytest
 import torch
-from dscore_plugins.sched import config as cfg
-from dscore_plugins.sched.lr_schedules import LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR
-from dscore_plugins.sched.plugin import SCHEDULER_SPECS
-from dscore_plugins.sched.torch_sched import torch_scheduler_factory
 from pydantic import ValidationError
 
 from dscore.errors import ComponentNotFoundError, ConfigError
 from dscore.specs import resolve
+from dscore_plugins.sched import config as cfg
+from dscore_plugins.sched.lr_schedules import LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR
+from dscore_plugins.sched.plugin import SCHEDULER_SPECS
+from dscore_plugins.sched.torch_sched import torch_scheduler_factory
 
 
 def _opt(lr: float = 0.1, groups: int = 1, cls=torch.optim.SGD, **kw):

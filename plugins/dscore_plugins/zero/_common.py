@@ -126,9 +126,9 @@ def unique_trainable(param_groups: list[dict[str, Any]]) -> list[list[torch.nn.P
 
 
 def build_optimizer(
-    ctx: Any, master_params: list[torch.nn.Parameter], group_params: list[list[torch.nn.Parameter]]
+    ctx: Any, master_params: list[list[torch.nn.Parameter]], group_params: list[list[torch.nn.Parameter]]
 ) -> torch.optim.Optimizer | None:
-    """An optimizer over the flat master partitions (one tensor per non-empty group).
+    """An optimizer over the flat master partitions (``master_params[g]``: group g's partition tensors).
 
     A client optimizer keeps its hyper-parameters; its groups are re-pointed at the partitions (its
     prior state is dropped, as DeepSpeed's ZeRO wrappers do). Otherwise ``optimizer_factory`` builds one
@@ -153,11 +153,11 @@ def build_optimizer(
             mapped.append(gis.pop())
         opt.param_groups[:] = opt_groups
         for g, gi in zip(opt_groups, mapped):
-            g["params"] = [master_params[gi]]
+            g["params"] = list(master_params[gi])
         opt.state.clear()
         return opt
     if ctx.optimizer_factory is not None:
-        groups = [{**ctx.param_groups[i], "params": [master_params[i]]} for i in nonempty]
+        groups = [{**ctx.param_groups[i], "params": list(master_params[i])} for i in nonempty]
         return ctx.optimizer_factory(groups)
     return None
 
@@ -240,49 +240,49 @@ def scatter_by_name(
 
 def optimizer_state_dict(
     opt: torch.optim.Optimizer | None,
-    masters: list[torch.nn.Parameter | None],
-    layouts: list[GroupLayout],
+    pairs: list[tuple[torch.Tensor, GroupLayout]],
     coll: Collectives,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, torch.Tensor]]:
     """``(state by name, param_groups hyper-parameters, fp32 master weights by name)`` with full tensors.
+
+    Args:
+        pairs: every optimizer parameter (a flat partition tensor) with the layout of its elements.
 
     Runs collectives: every rank must call it.
     """
     state: dict[str, Any] = {}
     hyper_groups: list[dict[str, Any]] = []
     fp32: dict[str, torch.Tensor] = {}
-    by_master = {id(m): gi for gi, m in enumerate(masters) if m is not None}
-    for gi, m in enumerate(masters):
-        if m is not None:
-            fp32.update(gather_by_name(m, layouts[gi], coll))
+    layout_of = {id(m): lay for m, lay in pairs}
+    for m, lay in pairs:
+        fp32.update(gather_by_name(m.detach(), lay, coll))
     if opt is None:
         return state, hyper_groups, fp32
     for group in opt.param_groups:
-        gi = by_master[id(group["params"][0])]
-        layout = layouts[gi]
         hyper = {k: v for k, v in group.items() if k != "params"}
-        hyper["param_names"] = layout.names
+        hyper["param_names"] = [n for m in group["params"] for n in layout_of[id(m)].names]
         hyper_groups.append(hyper)
-        pstate = opt.state.get(group["params"][0], {})
-        full: dict[str, dict[str, torch.Tensor]] = {}
-        scalars: dict[str, Any] = {}
-        for k, v in pstate.items():
-            if torch.is_tensor(v) and v.dim() == 1 and v.numel() == layout.numel:
-                full[k] = gather_by_name(v, layout, coll)
-            else:
-                scalars[k] = v.detach().clone() if torch.is_tensor(v) else v
-        for name in layout.names:
-            entry = {k: full[k][name] for k in full}
-            entry.update({k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()})
-            if entry:
-                state[name] = entry
+        for m in group["params"]:
+            layout = layout_of[id(m)]
+            pstate = opt.state.get(m, {})
+            full: dict[str, dict[str, torch.Tensor]] = {}
+            scalars: dict[str, Any] = {}
+            for k, v in pstate.items():
+                if torch.is_tensor(v) and v.dim() == 1 and v.numel() == layout.numel:
+                    full[k] = gather_by_name(v, layout, coll)
+                else:
+                    scalars[k] = v.detach().clone() if torch.is_tensor(v) else v
+            for name in layout.names:
+                entry = {k: full[k][name] for k in full}
+                entry.update({k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()})
+                if entry:
+                    state[name] = entry
     return state, hyper_groups, fp32
 
 
 def load_optimizer_state(
     opt: torch.optim.Optimizer,
-    masters: list[torch.nn.Parameter | None],
-    layouts: list[GroupLayout],
+    pairs: list[tuple[torch.Tensor, GroupLayout]],
     saved: dict[str, Any],
     rank: int,
 ) -> None:
@@ -297,29 +297,27 @@ def load_optimizer_state(
             f"checkpoint has {len(saved_groups)} optimizer parameter group(s), the engine has "
             f"{len(opt.param_groups)}"
         )
-    by_master = {id(m): gi for gi, m in enumerate(masters) if m is not None}
+    layout_of = {id(m): lay for m, lay in pairs}
     saved_state = saved.get("state", {})
     opt.state.clear()
     for group, sg in zip(opt.param_groups, saved_groups):
         for k, v in sg.items():
             if k not in ("params", "param_names"):
                 group[k] = v
-        m = group["params"][0]
-        layout = layouts[by_master[id(m)]]
-        names = layout.names
-        if not names or names[0] not in saved_state:
-            continue
-        keys = saved_state[names[0]].keys()
-        new: dict[str, Any] = {}
-        for k in keys:
-            v0 = saved_state[names[0]][k]
-            if torch.is_tensor(v0) and v0.dim() > 0:
-                t = torch.zeros(layout.numel, dtype=v0.dtype)
-                scatter_by_name({n: saved_state[n][k] for n in names}, layout, rank, t)
-                new[k] = t.to(m.device)
-            else:
-                new[k] = v0.clone() if torch.is_tensor(v0) else v0
-        opt.state[m] = new
+        for m in group["params"]:
+            layout = layout_of[id(m)]
+            names = layout.names
+            if not names or names[0] not in saved_state:
+                continue
+            new: dict[str, Any] = {}
+            for k, v0 in saved_state[names[0]].items():
+                if torch.is_tensor(v0) and v0.dim() > 0:
+                    t = torch.zeros(layout.numel, dtype=v0.dtype)
+                    scatter_by_name({n: saved_state[n][k] for n in names}, layout, rank, t)
+                    new[k] = t.to(m.device)
+                else:
+                    new[k] = v0.clone() if torch.is_tensor(v0) else v0
+            opt.state[m] = new
 
 
 # ---------------------------------------------------------------------- step

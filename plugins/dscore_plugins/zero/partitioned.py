@@ -155,15 +155,16 @@ class PartitionedOptimizerStage(ZeroStage):
         self.group_params = unique_trainable(ctx.param_groups)
         names = {id(p): n for n, p in ctx.module.named_parameters()}
         self.buckets: list[_Bucket] = []
-        self.layouts: list[GroupLayout] = []
         self.flat_data: list[torch.Tensor | None] = []
         self.flat_grad: list[torch.Tensor | None] = []
-        self.masters: list[torch.nn.Parameter | None] = []
-        self.master_grads: list[torch.Tensor] = []
+        self.masters: list[list[torch.nn.Parameter]] = []  # per group: one flat chunk per bucket
+        self.pairs: list[tuple[torch.nn.Parameter, GroupLayout]] = []
+        self.master_grads: list[torch.Tensor] = []  # fp32 gradient partitions (buffers or chunk views)
+        self._separate_masters: list[torch.Tensor] = []
         self._param_bucket: dict[int, tuple[_Bucket, int]] = {}
         for gi, params in enumerate(self.group_params):
             self._build_group(gi, params, names)
-        self._optimizer = build_optimizer(ctx, self.masters, self.group_params)  # type: ignore[arg-type]
+        self._optimizer = build_optimizer(ctx, self.masters, self.group_params)
         if self._optimizer is not None:
             self._optimizer.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
         self._hooks = [
@@ -186,19 +187,16 @@ class PartitionedOptimizerStage(ZeroStage):
         self._reduced = False
         log.info(
             "ZeRO stage %d: %d bucket(s), %d elements/rank of %d, world=%d, overlap=%s, offload=%s",
-            self.stage, len(self.buckets), sum(lay.numel for lay in self.layouts),
+            self.stage, len(self.buckets), sum(b.chunk for b in self.buckets),
             sum(sum(b.numels) for b in self.buckets), self.world, self.overlap, self.offload,
         )
 
     # ------------------------------------------------------------------ construction
     def _build_group(self, gi: int, params: list[torch.nn.Parameter], names: dict[int, str]) -> None:
-        layout = GroupLayout()
-        self.layouts.append(layout)
+        self.masters.append([])
         if not params:
             self.flat_data.append(None)
             self.flat_grad.append(None)
-            self.masters.append(None)
-            self.master_grads.append(torch.zeros(0))
             return
         dtype, device = params[0].dtype, params[0].device
         # buckets in backward (reverse) order
@@ -215,12 +213,25 @@ class PartitionedOptimizerStage(ZeroStage):
         total = sum(b.padded for b in buckets)
         flat = torch.zeros(total, dtype=dtype, device=device)
         grad = torch.zeros(total, dtype=dtype, device=device) if (self.contiguous and not self.partition_gradients) else None
+        # fp32 without offload: the optimizer steps this rank's chunk of the parameter buffer in place
+        # (and, in stage 1, reads its gradient from this rank's chunk of the gradient buffer): no copies.
+        shared_master = dtype == torch.float32 and not self.offload
+        shared_grad = shared_master and grad is not None
         part_numel = sum(b.chunk for b in buckets)
-        mdev = torch.device("cpu") if self.offload else device
-        master = host_tensor(part_numel, torch.float32, self.pin) if self.offload else torch.zeros(
-            part_numel, dtype=torch.float32, device=mdev
+        master = None if shared_master else (
+            host_tensor(part_numel, torch.float32, self.pin)
+            if self.offload
+            else torch.zeros(part_numel, dtype=torch.float32, device=device)
         )
-        mgrad = host_tensor(part_numel, torch.float32, self.pin) if self.offload else torch.zeros_like(master)
+        mgrad = None if shared_grad else (
+            host_tensor(part_numel, torch.float32, self.pin)
+            if self.offload
+            else torch.zeros(part_numel, dtype=torch.float32, device=device)
+        )
+        if master is not None:
+            self._separate_masters.append(master)
+        if mgrad is not None:
+            self.master_grads.append(mgrad)
         start, poff = 0, 0
         with torch.no_grad():
             for b in buckets:
@@ -235,29 +246,40 @@ class PartitionedOptimizerStage(ZeroStage):
                     else:
                         p.grad = None
                     self._param_bucket[id(p)] = (b, k)
-                b.master = master[poff : poff + b.chunk]
-                b.master_grad = mgrad[poff : poff + b.chunk]
-                b.master.copy_(b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk])
-                layout.segments.append(
-                    Segment(
-                        part_offset=poff,
-                        chunk=b.chunk,
-                        names=[names.get(id(p), f"param_{id(p)}") for p in b.params],
-                        offsets=list(b.offsets),
-                        numels=list(b.numels),
-                        shapes=[p.shape for p in b.params],
-                    )
+                own = slice(self.rank * b.chunk, (self.rank + 1) * b.chunk)
+                if master is None:
+                    b.master = b.data[own]
+                else:
+                    b.master = master[poff : poff + b.chunk]
+                    b.master.copy_(b.data[own])
+                if mgrad is None:
+                    assert b.grad is not None
+                    b.master_grad = b.grad[own]
+                    self.master_grads.append(b.master_grad)
+                else:
+                    b.master_grad = mgrad[poff : poff + b.chunk]
+                mparam = torch.nn.Parameter(b.master, requires_grad=True)
+                mparam.grad = b.master_grad
+                layout = GroupLayout(
+                    segments=[
+                        Segment(
+                            part_offset=0,
+                            chunk=b.chunk,
+                            names=[names.get(id(p), f"param_{id(p)}") for p in b.params],
+                            offsets=list(b.offsets),
+                            numels=list(b.numels),
+                            shapes=[p.shape for p in b.params],
+                        )
+                    ],
+                    numel=b.chunk,
                 )
+                self.masters[gi].append(mparam)
+                self.pairs.append((mparam, layout))
                 start += b.padded
                 poff += b.chunk
-        layout.numel = part_numel
-        mparam = torch.nn.Parameter(master, requires_grad=True)
-        mparam.grad = mgrad
         self.buckets.extend(buckets)
         self.flat_data.append(flat)
         self.flat_grad.append(grad)
-        self.masters.append(mparam)
-        self.master_grads.append(mgrad)
 
     # ------------------------------------------------------------------ contract
     @property
@@ -328,9 +350,13 @@ class PartitionedOptimizerStage(ZeroStage):
         inp = self._bucket_input(b)
         if self.world > 1 and self.precision.compute_dtype == torch.float16:
             inp.div_(self.world)  # fp16: average before summing so the sum cannot overflow
+        aliased = b.master_grad.data_ptr() == inp[self.rank * b.chunk :].data_ptr()
         direct = (
-            not self.partition_gradients or self._fresh
-        ) and b.master_grad.dtype == inp.dtype and b.master_grad.device == inp.device
+            (not self.partition_gradients or self._fresh)
+            and b.master_grad.dtype == inp.dtype
+            and b.master_grad.device == inp.device
+            and (not aliased or self.coll.gloo_fast)
+        )
         if self.use_reduce_scatter:
             out = b.master_grad if direct else torch.empty(b.chunk, dtype=inp.dtype, device=inp.device)
             b.handle = self.coll.reduce_scatter(out, inp, async_op=True)
@@ -345,12 +371,12 @@ class PartitionedOptimizerStage(ZeroStage):
         assert b.handle is not None
         b.handle.wait()
         b.handle = None
-        if b.out is not None:
+        if b.out is not None and b.out.data_ptr() != b.master_grad.data_ptr():
             if self._fresh or not self.partition_gradients:
                 b.master_grad.copy_(b.out)
             else:
                 b.master_grad.add_(b.out)
-            b.out = None
+        b.out = None
         if self.partition_gradients:
             b.staging = None
 
@@ -407,6 +433,8 @@ class PartitionedOptimizerStage(ZeroStage):
                 for q in range(self.world):
                     handles.append(self.coll.broadcast(b.data[q * b.chunk : (q + 1) * b.chunk], q, async_op=True))
             elif b.padded <= self.allgather_bucket:
+                if not self.coll.gloo_fast and src.data_ptr() == b.data[self.rank * b.chunk :].data_ptr():
+                    src = src.clone()  # collectives may not read and write the same memory
                 handles.append(self.coll.all_gather(b.data, src, async_op=True))
             else:
                 piece = max(1, self.allgather_bucket // self.world)
@@ -453,9 +481,9 @@ class PartitionedOptimizerStage(ZeroStage):
     def state_dict(self) -> dict[str, Any]:
         """Full tensors keyed by parameter name (collective: call on every rank)."""
         self._wait_params()
-        state, groups, fp32 = optimizer_state_dict(self._optimizer, self.masters, self.layouts, self.coll)
+        state, groups, fp32 = optimizer_state_dict(self._optimizer, self.pairs, self.coll)
         out: dict[str, Any] = {
-            "param_names": [n for lay in self.layouts for n in lay.names],
+            "param_names": [n for _, lay in self.pairs for n in lay.names],
             "state": state,
             "param_groups": groups,
             "fp32_params": fp32,
@@ -470,9 +498,8 @@ class PartitionedOptimizerStage(ZeroStage):
         self._wait_params()
         fp32 = state.get("fp32_params") if load_optimizer_states else None
         if fp32:
-            for m, lay in zip(self.masters, self.layouts):
-                if m is not None:
-                    scatter_by_name(fp32, lay, self.rank, m.data)
+            for m, lay in self.pairs:
+                scatter_by_name(fp32, lay, self.rank, m.data)
             self._all_gather_params()
         else:
             self._refresh_masters()
@@ -481,12 +508,14 @@ class PartitionedOptimizerStage(ZeroStage):
         if self.loss_scaler is not None and "loss_scaler" in state:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
         if self._optimizer is not None:
-            load_optimizer_state(self._optimizer, self.masters, self.layouts, state, self.rank)
+            load_optimizer_state(self._optimizer, self.pairs, state, self.rank)
 
     def _refresh_masters(self) -> None:
         with torch.no_grad():
             for b in self.buckets:
-                b.master.copy_(b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk])
+                own = b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk]
+                if own.data_ptr() != b.master.data_ptr():
+                    b.master.copy_(own)
 
     def module_state_dict(self) -> dict[str, torch.Tensor]:
         """The module's own state dict (stages 1/2 hold full parameters)."""
@@ -499,14 +528,19 @@ class PartitionedOptimizerStage(ZeroStage):
         self.ctx.module.load_state_dict(state, strict=strict)
         self._refresh_masters()
 
+    def _aliases_flat_grad(self, g: torch.Tensor) -> bool:
+        return any(
+            f is not None and f.untyped_storage().data_ptr() == g.untyped_storage().data_ptr() for f in self.flat_grad
+        )
+
     def partition_bytes(self) -> dict[str, int]:
         """Bytes on this rank: optimizer state + fp32 masters, module parameters, gradients."""
         opt_bytes = 0
         if self._optimizer is not None:
             for s in self._optimizer.state.values():
                 opt_bytes += sum(v.numel() * v.element_size() for v in s.values() if torch.is_tensor(v))
-        masters = sum(m.numel() * 4 for m in self.masters if m is not None)
+        masters = sum(m.numel() * 4 for m in self._separate_masters)
         params = sum(f.numel() * f.element_size() for f in self.flat_data if f is not None)
         grads = sum(g.numel() * g.element_size() for g in self.flat_grad if g is not None)
-        grads += sum(g.numel() * g.element_size() for g in self.master_grads)
+        grads += sum(g.numel() * g.element_size() for g in self.master_grads if g.grad_fn is None and not self._aliases_flat_grad(g))
         return {"optimizer_state": opt_bytes + masters, "parameters": params, "gradients": grads}

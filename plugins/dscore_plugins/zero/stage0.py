@@ -209,10 +209,16 @@ class Stage0(ZeroStage):
         if boundary and sync:
             self._reduce()
 
+    def _local_gradients(self) -> bool:
+        """True when the optimizer communicates itself and wants this rank's own gradients (1-bit Adam/Lamb
+        after their warm-up: ``gradient_allreduce_needed`` is False), as DeepSpeed's engine disables its
+        backward all-reduce for them."""
+        return getattr(self._optimizer, "gradient_allreduce_needed", True) is False
+
     def _reduce(self) -> None:
         self._reduced = True
         world = self.world_size
-        if world == 1:
+        if world == 1 or self._local_gradients():
             return
         # DeepSpeed's order: divide by the world size before the sum (or by gradient_predivide_factor
         # with prescale_gradients, then by world/factor after it); "sum" divides by nothing.
@@ -255,7 +261,13 @@ class Stage0(ZeroStage):
             norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
         overflow = False
         if self.check_overflow and norm is not None:
-            overflow = not bool(torch.isfinite(norm))  # the one device sync of a checked step
+            if self.world_size > 1 and self._local_gradients():
+                # gradients were not all-reduced, so an inf on one rank is not seen by the others: agree first
+                flag = (~torch.isfinite(norm)).to(torch.float32).reshape(1)
+                self.ctx.comm.all_reduce(flag, op="max")
+                overflow = bool(flag.item())
+            else:
+                overflow = not bool(torch.isfinite(norm))  # the one device sync of a checked step
         skip = self.loss_scaler.update(overflow) if self.loss_scaler is not None else overflow
         if skip or overflow:
             self.zero_grad()

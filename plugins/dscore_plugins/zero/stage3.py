@@ -154,7 +154,8 @@ class Stage3(ZeroStage):
                 self.module_units[mod] = units
         self.device = device or torch.device("cpu")
         self._consolidate()
-        self._optimizer = build_optimizer(ctx, self.masters, self.group_params)  # type: ignore[arg-type]
+        self._optimizer = build_optimizer(ctx, [[m] if m is not None else [] for m in self.masters], self.group_params)
+        self._pairs = [(m, lay) for m, lay in zip(self.masters, self.layouts) if m is not None]
         if self._optimizer is not None:
             self._optimizer.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
 
@@ -167,6 +168,7 @@ class Stage3(ZeroStage):
         self._inflight: list[tuple[_UnitState, Handle, torch.Tensor | None]] = []
         self._fresh = True
         self._hooks: list[Any] = []
+        self._may_evict = sum(s.unit.numel for s in self.units if not s.unit.persistent) > self.max_live
         for mod in self.module_units:
             self._hooks.append(mod.register_forward_pre_hook(self._pre_forward))
             self._hooks.append(mod.register_forward_hook(self._post_forward))
@@ -365,13 +367,14 @@ class Stage3(ZeroStage):
         for s in units:
             self._in_use.discard(id(s.unit))
         grad = torch.is_grad_enabled()
-        if grad:
+        keep = grad and self._reuse_distance(mod) <= self.max_reuse
+        # a unit kept for backward needs no re-gather unless max_live_parameters may evict it
+        if grad and (not keep or self._may_evict):
             tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
             if tensors:
                 torch.autograd.graph.register_multi_grad_hook(
                     tensors, lambda _g, m=mod: self._pre_backward(m), mode="any"
                 )
-        keep = grad and self._reuse_distance(mod) <= self.max_reuse
         if not keep:
             for s in units:
                 self._release(s)
@@ -515,7 +518,7 @@ class Stage3(ZeroStage):
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Full tensors keyed by parameter name (collective: call on every rank)."""
-        state, groups, fp32 = optimizer_state_dict(self._optimizer, self.masters, self.layouts, self.coll)
+        state, groups, fp32 = optimizer_state_dict(self._optimizer, self._pairs, self.coll)
         out: dict[str, Any] = {
             "param_names": [n for lay in self.layouts for n in lay.names],
             "state": state,
@@ -531,9 +534,8 @@ class Stage3(ZeroStage):
         """Re-partition a state saved at any world size (fp32 masters also refresh the partitions)."""
         fp32 = state.get("fp32_params") if load_optimizer_states else None
         if fp32:
-            for key, (m, lay) in enumerate(zip(self.masters, self.layouts)):
-                if m is not None:
-                    scatter_by_name(fp32, lay, self.rank, m.data)
+            for m, lay in self._pairs:
+                scatter_by_name(fp32, lay, self.rank, m.data)
             self._masters_to_partitions()
         else:
             for key, m in enumerate(self.masters):
@@ -544,7 +546,7 @@ class Stage3(ZeroStage):
         if self.loss_scaler is not None and "loss_scaler" in state:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
         if self._optimizer is not None:
-            load_optimizer_state(self._optimizer, self.masters, self.layouts, state, self.rank)
+            load_optimizer_state(self._optimizer, self._pairs, state, self.rank)
 
     @torch.no_grad()
     def module_state_dict(self) -> dict[str, torch.Tensor]:
