@@ -32,7 +32,14 @@ different orders or some parameters get none), asynchronously from gradient hook
 with one scalar all-reduce) are one multiply of each fp32 partition; the optimizer steps the partitions
 (on CPU with ``offload_optimizer.device: cpu``); each bucket's updated chunks are all-gathered straight
 into the flat parameter buffer (``allgather_partitions``; in pieces of ``allgather_bucket_size``
-elements; broadcasts from each owner when ``allgather_partitions: false``).
+elements; broadcasts from each owner when ``allgather_partitions: false``). Under ``overlap_comm`` that
+gather is not waited for in ``step``: each module's forward pre-hook waits only for the buckets holding
+its own parameters, so the gather overlaps the next forward (checkpoint and load paths wait for all).
+Under fp32 without offload the optimizer steps this rank's chunk of the parameter buffer in place (and
+in stage 1 reads the reduced gradient from this rank's chunk of the gradient buffer): no fp32 copies.
+
+On gloo the collectives adapter (:mod:`dscore.zero._comm`) runs reduce-scatter as an in-place
+all-reduce and all-gather as one broadcast per owner, both exact and measured faster there.
 """
 
 from __future__ import annotations
@@ -87,7 +94,7 @@ class _Bucket:
 
     __slots__ = (
         "index", "group", "params", "offsets", "numels", "chunk", "padded", "data", "grad", "master",
-        "master_grad", "ready", "expected", "staging", "handle", "out", "launched",
+        "master_grad", "ready", "expected", "staging", "handle", "out", "launched", "got",
     )
 
     def __init__(self, index: int, group: int, params: list[torch.nn.Parameter], world: int) -> None:
@@ -112,6 +119,7 @@ class _Bucket:
         self.handle: Handle | None = None
         self.out: torch.Tensor | None = None
         self.launched = False
+        self.got: list[bool] = [False] * len(params)
 
 
 class PartitionedOptimizerStage(ZeroStage):
@@ -174,6 +182,7 @@ class PartitionedOptimizerStage(ZeroStage):
             if self.partition_gradients or self.overlap
         ]
         self._param_handles: dict[int, tuple[list[Handle], torch.Tensor]] = {}
+        self._pool: dict[int, list[torch.Tensor]] = {}  # padded size -> free staging buffers
         self._module_buckets: dict[torch.nn.Module, list[int]] = {}
         for mod in ctx.module.modules():
             idx = sorted({self._param_bucket[id(p)][0].index for p in mod.parameters(recurse=False) if id(p) in self._param_bucket})
@@ -318,9 +327,10 @@ class PartitionedOptimizerStage(ZeroStage):
         b, k = self._param_bucket[id(p)]
         if self.partition_gradients and self.contiguous:
             if b.staging is None:
-                b.staging = torch.zeros(b.padded, dtype=p.dtype, device=p.device)
+                b.staging = self._acquire(b)
             assert p.grad is not None
             b.staging[b.offsets[k] : b.offsets[k] + b.numels[k]].copy_(p.grad.reshape(-1))
+            b.got[k] = True
             p.grad = None
         b.ready += 1
         if self._launching and b.ready >= b.expected:
@@ -335,14 +345,36 @@ class PartitionedOptimizerStage(ZeroStage):
         if b.grad is not None:
             return b.grad
         if b.staging is None:
-            b.staging = torch.zeros(b.padded, dtype=b.data.dtype, device=b.data.device)
+            b.staging = self._acquire(b)
         if not (self.partition_gradients and self.contiguous):
-            for p, off, n in zip(b.params, b.offsets, b.numels):
+            for k, (p, off, n) in enumerate(zip(b.params, b.offsets, b.numels)):
                 if p.grad is not None:
                     b.staging[off : off + n].copy_(p.grad.reshape(-1))
+                    b.got[k] = True
                     if self.partition_gradients:
                         p.grad = None
+        if b.ready < b.expected or not all(b.got):  # parameters without a gradient contribute zeros
+            for k, (off, n) in enumerate(zip(b.offsets, b.numels)):
+                if not b.got[k]:
+                    b.staging[off : off + n].zero_()
         return b.staging
+
+    def _acquire(self, b: _Bucket) -> torch.Tensor:
+        """A staging buffer of ``b.padded`` elements from the pool (padding zeroed, rest undefined)."""
+        pool = self._pool.get(b.padded)
+        buf = pool.pop() if pool else torch.empty(b.padded, dtype=b.data.dtype, device=b.data.device)
+        end = b.offsets[-1] + b.numels[-1]
+        if end < b.padded:
+            buf[end:].zero_()
+        b.got = [False] * len(b.params)
+        return buf
+
+    def _recycle(self, b: _Bucket) -> None:
+        if b.staging is not None:
+            pool = self._pool.setdefault(b.padded, [])
+            if len(pool) < _MAX_INFLIGHT:
+                pool.append(b.staging)
+            b.staging = None
 
     def _launch(self, b: _Bucket) -> None:
         while len(self._inflight) >= _MAX_INFLIGHT:
@@ -378,7 +410,7 @@ class PartitionedOptimizerStage(ZeroStage):
                 b.master_grad.add_(b.out)
         b.out = None
         if self.partition_gradients:
-            b.staging = None
+            self._recycle(b)
 
     def _flush(self) -> None:
         for b in self.buckets:
@@ -472,7 +504,7 @@ class PartitionedOptimizerStage(ZeroStage):
                 for p in params:
                     p.grad = None
         for b in self.buckets:
-            b.staging = None
+            self._recycle(b)
             b.launched = False
         self._fresh = True
         self._reduced = False

@@ -167,6 +167,7 @@ class Stage3(ZeroStage):
         self._in_use: set[int] = set()
         self._inflight: list[tuple[_UnitState, Handle, torch.Tensor | None]] = []
         self._fresh = True
+        self._pool: dict[int, list[torch.Tensor]] = {}  # padded size -> free gradient staging buffers
         self._hooks: list[Any] = []
         self._may_evict = sum(s.unit.numel for s in self.units if not s.unit.persistent) > self.max_live
         for mod in self.module_units:
@@ -392,7 +393,7 @@ class Stage3(ZeroStage):
         assert u is not None and p.grad is not None
         s = self.by_unit[id(u)]
         if s.staging is None:
-            s.staging = torch.zeros(u.padded, dtype=p.grad.dtype, device=p.grad.device)
+            s.staging = self._acquire(u)
         k = next(i for i, q in enumerate(u.params) if q is p)
         s.staging[u.offsets[k] : u.offsets[k] + u.numels[k]].copy_(p.grad.reshape(-1))
         p.grad = None
@@ -407,7 +408,7 @@ class Stage3(ZeroStage):
             self._finish(*self._inflight.pop(0))
         u = s.unit
         if s.staging is None:
-            s.staging = torch.zeros(u.padded, dtype=self.compute_dtype, device=self.device)
+            s.staging = self._acquire(u)
         inp = s.staging
         if self.world > 1 and self.compute_dtype == torch.float16:
             inp.div_(self.world)
@@ -422,6 +423,21 @@ class Stage3(ZeroStage):
         self._in_use.discard(id(u))
         self._release(s)
 
+    def _acquire(self, u: FlatUnit) -> torch.Tensor:
+        """A zeroed gradient staging buffer of ``u.padded`` elements, reused across micro steps (keeps
+        large allocations off the allocator's hot path)."""
+        pool = self._pool.get(u.padded)
+        if pool:
+            return pool.pop().zero_()
+        return torch.zeros(u.padded, dtype=self.compute_dtype, device=self.device)
+
+    def _recycle(self, s: _UnitState) -> None:
+        if s.staging is not None:
+            pool = self._pool.setdefault(s.unit.padded, [])
+            if len(pool) < _MAX_INFLIGHT:
+                pool.append(s.staging)
+            s.staging = None
+
     def _finish(self, s: _UnitState, h: Handle, out: torch.Tensor | None) -> None:
         h.wait()
         g = self.master_grads[s.key][s.part_offset : s.part_offset + s.unit.chunk]
@@ -430,7 +446,7 @@ class Stage3(ZeroStage):
             g.copy_(out)
         else:
             g.add_(out)
-        s.staging = None
+        self._recycle(s)
 
     # ------------------------------------------------------------------ contract
     @property
@@ -506,9 +522,9 @@ class Stage3(ZeroStage):
         while self._inflight:
             s, h, _ = self._inflight.pop(0)
             h.wait()
-            s.staging = None
+            self._recycle(s)
         for s in self.units:
-            s.staging = None
+            self._recycle(s)
             s.launched = False
             s.ready = 0
             for p in s.unit.params:
