@@ -113,12 +113,16 @@ class OptimizerSpec(ComponentSpec):
         factory: import string of ``factory(params, **optimizer_params) -> torch.optim.Optimizer``.
         params_model: import string of a pydantic model validating ``optimizer.params`` (torch-free).
         offload_capable: True when the optimizer steps on CPU tensors (usable with ZeRO offload).
+        offload_factory: import string of the factory used instead of ``factory`` under ZeRO optimizer
+            offload (same arguments), or None to use ``factory`` there too. DeepSpeed swaps ``Adam`` for its
+            CPU Adam op under offload; this is how a plugin expresses that swap.
     """
 
     kind: ClassVar[str] = "optimizer"
     factory: str
     params_model: str | None = None
     offload_capable: bool = False
+    offload_factory: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -141,7 +141,7 @@ def choose_optimizer(config: Any, registry: Any, client: Any) -> OptimizerChoice
             "Lion) or set zero_force_ds_cpu_optimizer: false to use it anyway.",
             path="optimizer.type",
         )
-    factory = resolve(spec.factory)
+    factory = resolve(spec.offload_factory if offload and spec.offload_factory else spec.factory)
     type_name = opt_cfg.type
 
     def from_config(groups: list[dict[str, Any]]) -> Any:
@@ -149,7 +149,7 @@ def choose_optimizer(config: Any, registry: Any, client: Any) -> OptimizerChoice
             return factory(groups, type_name=type_name, **params)
         return factory(groups, **params)
 
-    desc = f"{type_name} ({'torch.optim fallback' if fallback else spec.name})"
+    desc = f"{type_name} ({'torch.optim fallback' if fallback else spec.name}{', offload variant' if offload and spec.offload_factory else ''})"
     return OptimizerChoice(factory=from_config, spec=spec, description=desc)
 
 

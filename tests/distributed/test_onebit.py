@@ -75,3 +75,47 @@ def test_onebit_adam_and_lamb_converge_on_two_gloo_ranks() -> None:
         assert a["errors"] > 0  # the compression really ran with error feedback
         assert a["params"] == b["params"], f"{name}: ranks diverged"
         assert a["final"] < 0.01 * a["initial"], f"{name}: {a['initial']} -> {a['final']}"
+
+
+def _onebit_through_engine() -> list[float]:
+    import torch
+
+    import dscore
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 1)
+    cfg = {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_clipping": 0.0,
+        "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-2, "freeze_step": 3}},
+    }
+    engine, optimizer, _, _ = dscore.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    g = torch.Generator().manual_seed(100 + torch.distributed.get_rank())
+    w_true = torch.linspace(-1, 1, 16)
+    for _ in range(12):
+        x = torch.randn(8, 16, generator=g)
+        loss = (engine(x).squeeze(-1) - x @ w_true).pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+    assert optimizer.gradient_allreduce_needed is False  # past freeze_step: the engine skips its all-reduce
+    return [float(v) for v in torch.cat([p.detach().flatten() for p in engine.module.parameters()])]
+
+
+def test_onebit_adam_through_the_engine_keeps_ranks_identical() -> None:
+    from dscore.testing import run_distributed
+
+    a, b = run_distributed(_onebit_through_engine, 2)
+    assert a == b
+
+
+def test_onebit_with_zero_partitions_is_refused() -> None:
+    import pytest
+    import torch
+
+    import dscore
+    from dscore.errors import ConfigError
+
+    model = torch.nn.Linear(4, 1)
+    cfg = {"train_batch_size": 2, "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}, "zero_optimization": {"stage": 1}}
+    with pytest.raises(ConfigError, match="zero_optimization.stage 0"):
+        dscore.initialize(model=model, model_parameters=model.parameters(), config=cfg)

@@ -4,8 +4,13 @@
 arXiv:1711.05101) over L2-in-the-gradient Adam (Kingma & Ba, arXiv:1412.6980), so ``"type": "Adam"`` is
 AdamW-style unless ``"adam_w_mode": false``; type ``adamw`` forces it true. ``torch_adam: true`` yields
 ``torch.optim.AdamW``/``Adam`` with the for-each implementation. Otherwise DeepSpeed uses its FusedAdam
-kernel; until dscore's op builders provide it, dscore uses torch's ``fused=True`` implementation where
-the parameters' device supports it, else for-each. Both follow the same update rule as FusedAdam.
+kernel; dscore uses torch's ``fused=True`` implementation where the parameters' device supports it,
+else for-each. Both follow the same update rule as FusedAdam.
+
+Under ZeRO optimizer offload DeepSpeed replaces Adam with its CPU Adam op; dscore does the same through
+the specs' ``offload_factory`` (:func:`build_adam_offload`): ``DscoreCPUAdam`` from the ``cpu_adam`` op
+(JIT-built with ninja on first use), or torch's CPU implementation with a warning when the op cannot be
+built here (no compiler), or when ``torch_adam: true`` asks for torch's.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 from dscore.errors import ConfigError
 
-__all__ = ["build_adam", "build_adamw"]
+__all__ = ["build_adam", "build_adam_offload", "build_adamw", "build_adamw_offload"]
 
 log = logging.getLogger("dscore.optim")
 
@@ -77,3 +82,43 @@ def build_adamw(params: Iterable[Any], *, adam_w_mode: bool = True, **kwargs: An
     if not adam_w_mode:
         log.warning("optimizer.type AdamW forces adam_w_mode=true (as DeepSpeed); ignoring adam_w_mode=false")
     return build_adam(params, adam_w_mode=True, **kwargs)
+
+
+def build_adam_offload(
+    params: Iterable[Any],
+    *,
+    adam_w_mode: bool = True,
+    torch_adam: bool = False,
+    bias_correction: bool = True,
+    set_grad_none: bool = True,
+    fp32_optimizer_states: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """``"Adam"`` under ZeRO optimizer offload: the ``cpu_adam`` op's ``DscoreCPUAdam`` (DeepSpeed's
+    DeepSpeedCPUAdam swap), falling back to :func:`build_adam` with a warning when the op cannot be built.
+
+    Args: as :func:`build_adam`; the parameters are fp32 CPU tensors (the offloaded partitions).
+
+    Raises:
+        ConfigError: ``amsgrad`` with the CPU op (as DeepSpeed's CPU Adam), or bad hyper-parameters.
+    """
+    from dscore.errors import OpBuildError
+
+    params = _param_list(params)
+    common = dict(set_grad_none=set_grad_none, fp32_optimizer_states=fp32_optimizer_states)
+    if torch_adam:
+        return build_adam(params, adam_w_mode=adam_w_mode, torch_adam=True, bias_correction=bias_correction, **common, **kwargs)
+    try:
+        from dscore_plugins.ops.cpu_optim import DscoreCPUAdam
+
+        return DscoreCPUAdam(params, adamw_mode=adam_w_mode, bias_correction=bias_correction, **kwargs)
+    except OpBuildError as exc:
+        log.warning("cpu_adam op unavailable (%s); the offloaded Adam runs on torch's CPU implementation", exc)
+        return build_adam(params, adam_w_mode=adam_w_mode, bias_correction=bias_correction, **common, **kwargs)
+
+
+def build_adamw_offload(params: Iterable[Any], *, adam_w_mode: bool = True, **kwargs: Any) -> Any:
+    """``"AdamW"`` under ZeRO optimizer offload: :func:`build_adam_offload` with ``adam_w_mode`` forced true."""
+    if not adam_w_mode:
+        log.warning("optimizer.type AdamW forces adam_w_mode=true (as DeepSpeed); ignoring adam_w_mode=false")
+    return build_adam_offload(params, adam_w_mode=True, **kwargs)

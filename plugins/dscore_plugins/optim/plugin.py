@@ -21,6 +21,7 @@ OPTIMIZER_SPECS: tuple[OptimizerSpec, ...] = (
         factory=f"{_P}.adam:build_adam",
         params_model=f"{_CFG}:AdamParams",
         offload_capable=True,
+        offload_factory=f"{_P}.adam:build_adam_offload",
         description="Adam; decoupled weight decay unless adam_w_mode=false (DeepSpeed semantics)",
     ),
     OptimizerSpec(
@@ -28,6 +29,7 @@ OPTIMIZER_SPECS: tuple[OptimizerSpec, ...] = (
         factory=f"{_P}.adam:build_adamw",
         params_model=f"{_CFG}:AdamWParams",
         offload_capable=True,
+        offload_factory=f"{_P}.adam:build_adamw_offload",
         description="AdamW (adam_w_mode forced true)",
     ),
     OptimizerSpec(

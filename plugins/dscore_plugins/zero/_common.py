@@ -155,11 +155,28 @@ def build_optimizer(
         for g, gi in zip(opt_groups, mapped):
             g["params"] = list(master_params[gi])
         opt.state.clear()
-        return opt
+        return _refuse_self_communicating(opt, ctx)
     if ctx.optimizer_factory is not None:
         groups = [{**ctx.param_groups[i], "params": list(master_params[i])} for i in nonempty]
-        return ctx.optimizer_factory(groups)
+        return _refuse_self_communicating(ctx.optimizer_factory(groups), ctx)
     return None
+
+
+def _refuse_self_communicating(opt: torch.optim.Optimizer, ctx: Any) -> torch.optim.Optimizer:
+    """1-bit Adam/Lamb compress and all-reduce full momentum tensors themselves (they expose
+    ``gradient_allreduce_needed``); over ZeRO partitions that communication would mix different slices.
+
+    Raises:
+        ConfigError: naming the optimizer and ``zero_optimization.stage``, suggesting stage 0.
+    """
+    if hasattr(opt, "gradient_allreduce_needed"):
+        stage = getattr(ctx.config, "zero_stage", "1-3")
+        raise ConfigError(
+            f"optimizer {type(opt).__name__} communicates its own compressed momentum and cannot run over ZeRO "
+            f"partitions (zero_optimization.stage = {stage}); use zero_optimization.stage 0 with it",
+            path="zero_optimization.stage",
+        )
+    return opt
 
 
 # ---------------------------------------------------------------------- segments
