@@ -73,27 +73,43 @@ def torch_optimizer_factory(params: Iterable[Any], type_name: str | None = None,
             "'gradient_clipping' instead",
             path="optimizer.params.max_grad_norm",
         )
-    classes = torch_optimizer_classes()
-    cls = classes.get(type_name)
-    if cls is None:
-        matches = [c for n, c in classes.items() if n.lower() == type_name.lower()]
-        cls = matches[0] if len(matches) == 1 else None
-    if cls is None:
-        available = sorted(set(_builtin_names()) | set(classes), key=str.lower)
-        suggestions = did_you_mean(type_name, available)
-        hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
-        raise ComponentNotFoundError(
-            f"no optimizer named optimizer.type = {type_name!r}: it is neither a dscore optimizer nor a class of "
-            f"torch.optim. Installed: {', '.join(available)}.{hint} "
-            "A plugin providing it may not be installed (see `dscore plugins list`).",
-            kind="optimizer",
-            name=type_name,
-            available=available,
-            suggestions=suggestions,
-        )
+    cls = find_torch_class(
+        torch_optimizer_classes(), type_name, kind="optimizer", config_key="optimizer", module="torch.optim",
+        builtin_names=_builtin_names(),
+    )
     try:
         return cls(params, **kwargs)
     except TypeError as exc:
         raise ConfigError(
             f"torch.optim.{cls.__name__} rejected optimizer.params {sorted(kwargs)}: {exc}", path="optimizer.params"
         ) from exc
+
+
+def find_torch_class(
+    classes: dict[str, type], type_name: str, *, kind: str, config_key: str, module: str, builtin_names: list[str]
+) -> type:
+    """Pick ``type_name`` from ``classes`` (torch's optimizers or LR schedulers): the exact name first
+    (DeepSpeed's rule), then a unique case-insensitive match.
+
+    Raises:
+        ComponentNotFoundError: no such class; the message lists dscore's and torch's names with close matches.
+    """
+    cls = classes.get(type_name)
+    if cls is None:
+        matches = [c for n, c in classes.items() if n.lower() == type_name.lower()]
+        cls = matches[0] if len(matches) == 1 else None
+    if cls is not None:
+        return cls
+    available = sorted(set(builtin_names) | set(classes), key=str.lower)
+    suggestions = did_you_mean(type_name, available)
+    hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
+    label = kind.replace("_", " ")
+    raise ComponentNotFoundError(
+        f"no {label} named {config_key}.type = {type_name!r}: it is neither a dscore {label} nor a class of "
+        f"{module}. Installed: {', '.join(available)}.{hint} "
+        "A plugin providing it may not be installed (see `dscore plugins list`).",
+        kind=kind,
+        name=type_name,
+        available=available,
+        suggestions=suggestions,
+    )

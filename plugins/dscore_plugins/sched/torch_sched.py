@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from dscore.errors import ComponentNotFoundError, ConfigError, did_you_mean
+from dscore.errors import ConfigError
+from dscore_plugins.optim.torch_optim import find_torch_class
 
 __all__ = ["torch_scheduler_classes", "torch_scheduler_factory"]
 
@@ -56,24 +57,10 @@ def torch_scheduler_factory(optimizer: Any, type_name: str | None = None, **para
     """
     if not type_name:
         raise ConfigError("scheduler.type is required to build a torch.optim.lr_scheduler class", path="scheduler.type")
-    classes = torch_scheduler_classes()
-    cls = classes.get(type_name)
-    if cls is None:
-        matches = [c for n, c in classes.items() if n.lower() == type_name.lower()]
-        cls = matches[0] if len(matches) == 1 else None
-    if cls is None:
-        available = sorted(set(_builtin_names()) | set(classes), key=str.lower)
-        suggestions = did_you_mean(type_name, available)
-        hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
-        raise ComponentNotFoundError(
-            f"no LR scheduler named scheduler.type = {type_name!r}: it is neither a dscore scheduler nor a class of "
-            f"torch.optim.lr_scheduler. Installed: {', '.join(available)}.{hint} "
-            "A plugin providing it may not be installed (see `dscore plugins list`).",
-            kind="lr_scheduler",
-            name=type_name,
-            available=available,
-            suggestions=suggestions,
-        )
+    cls = find_torch_class(
+        torch_scheduler_classes(), type_name, kind="lr_scheduler", config_key="scheduler",
+        module="torch.optim.lr_scheduler", builtin_names=_builtin_names(),
+    )
     try:
         return cls(optimizer, **params)
     except TypeError as exc:
