@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -e '.[test]'
 	touch $(STAMP)
 
+# ARGS reach train.py, e.g. make run ARGS="--no-resume" or ARGS="--data my_text_dir --steps 1000"
+ARGS ?=
 run: setup
-	$(VENV)/bin/dscore run --num_gpus 2 examples/gpt/train.py --deepspeed_config examples/gpt/ds_config.json
+	$(VENV)/bin/dscore run --num_gpus 2 examples/gpt/train.py --deepspeed_config examples/gpt/ds_config.json $(ARGS)
 
 test: setup
 	$(PY) -m pytest

@@ -27,23 +27,33 @@ struct AdamScalars {
     float l2;           // Adam: grad += l2 * p; 0 when unused
 };
 
+// The kernels capture by value and turn their run-time options (weight decay, L2, copy dtype) into
+// compile-time ones (see parallel_elementwise / dispatch_* in dscore_simd.h): the inner loop then holds
+// only the loads, the arithmetic and the stores, with every constant in a register.
+
 inline void adam_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamScalars& s,
                         uint16_t* copy, CopyDtype copy_dtype, int threads) {
-    const bool use_decay = s.decay != 1.0f, use_l2 = s.l2 != 0.0f;
-    parallel_elementwise(n, threads, [&](auto tag, int64_t i) {
-        using V = decltype(tag);
-        V pv = V::load(p + i), gv = V::load(g + i), mv = V::load(m + i), vv = V::load(v + i);
-        if (use_decay) pv = pv * V::set1(s.decay);
-        if (use_l2) gv = gv + V::set1(s.l2) * pv;
-        mv = mv + V::set1(s.lerp_w) * (gv - mv);
-        vv = vv * V::set1(s.beta2) + V::set1(s.one_m_beta2) * gv * gv;
-        // multiply by the reciprocal (torch divides): one division per element fewer, <= 1 ulp apart
-        const V denom = sqrt(vv) * V::set1(s.inv_bc2_sqrt) + V::set1(s.eps);
-        pv = pv + V::set1(s.neg_step) * mv / denom;
-        pv.store(p + i);
-        mv.store(m + i);
-        vv.store(v + i);
-        if (copy) store_copy(pv, copy + i, copy_dtype);
+    dispatch_copy(copy, copy_dtype, n, [&](auto copy_mode) {
+        dispatch_bool(s.decay != 1.0f, [&](auto use_decay) {
+            dispatch_bool(s.l2 != 0.0f, [&](auto use_l2) {
+                const AdamScalars c = s;
+                parallel_elementwise(n, threads, [=](auto tag, int64_t i) {
+                    using V = decltype(tag);
+                    V pv = V::load(p + i), gv = V::load(g + i), mv = V::load(m + i), vv = V::load(v + i);
+                    if constexpr (decltype(use_decay)::value) pv = pv * V::set1(c.decay);
+                    if constexpr (decltype(use_l2)::value) gv = gv + V::set1(c.l2) * pv;
+                    mv = mv + V::set1(c.lerp_w) * (gv - mv);
+                    vv = vv * V::set1(c.beta2) + V::set1(c.one_m_beta2) * gv * gv;
+                    // torch: denom = sqrt(v) / sqrt(bc2) + eps (here * 1/sqrt(bc2)); p += -step * m / denom
+                    const V denom = sqrt(vv) * V::set1(c.inv_bc2_sqrt) + V::set1(c.eps);
+                    pv = pv + V::set1(c.neg_step) * mv / denom;
+                    pv.store(p + i);
+                    mv.store(m + i);
+                    vv.store(v + i);
+                    store_copy_as<decltype(copy_mode)>(pv, copy, i);
+                });
+            });
+        });
     });
 }
 
@@ -55,17 +65,21 @@ struct AdagradScalars {
 
 inline void adagrad_update(float* p, const float* g, float* sum, int64_t n, const AdagradScalars& s,
                            uint16_t* copy, CopyDtype copy_dtype, int threads) {
-    const bool use_l2 = s.l2 != 0.0f;
-    parallel_elementwise(n, threads, [&](auto tag, int64_t i) {
-        using V = decltype(tag);
-        V pv = V::load(p + i), gv = V::load(g + i), sv = V::load(sum + i);
-        if (use_l2) gv = gv + V::set1(s.l2) * pv;
-        sv = sv + gv * gv;
-        const V std_ = sqrt(sv) + V::set1(s.eps);
-        pv = pv + V::set1(s.neg_clr) * gv / std_;
-        pv.store(p + i);
-        sv.store(sum + i);
-        if (copy) store_copy(pv, copy + i, copy_dtype);
+    dispatch_copy(copy, copy_dtype, n, [&](auto copy_mode) {
+        dispatch_bool(s.l2 != 0.0f, [&](auto use_l2) {
+            const AdagradScalars c = s;
+            parallel_elementwise(n, threads, [=](auto tag, int64_t i) {
+                using V = decltype(tag);
+                V pv = V::load(p + i), gv = V::load(g + i), sv = V::load(sum + i);
+                if constexpr (decltype(use_l2)::value) gv = gv + V::set1(c.l2) * pv;
+                sv = sv + gv * gv;
+                const V std_ = sqrt(sv) + V::set1(c.eps);
+                pv = pv + V::set1(c.neg_clr) * gv / std_;
+                pv.store(p + i);
+                sv.store(sum + i);
+                store_copy_as<decltype(copy_mode)>(pv, copy, i);
+            });
+        });
     });
 }
 
@@ -77,24 +91,29 @@ struct LionScalars {
 
 inline void lion_update(float* p, const float* g, float* m, int64_t n, const LionScalars& s, uint16_t* copy,
                         CopyDtype copy_dtype, int threads) {
-    const bool use_decay = s.decay != 1.0f;
-    parallel_elementwise(n, threads, [&](auto tag, int64_t i) {
-        using V = decltype(tag);
-        V pv = V::load(p + i), gv = V::load(g + i), mv = V::load(m + i);
-        const V c = mv * V::set1(s.beta1) + gv * V::set1(s.one_m_beta1);
-        if (use_decay) pv = pv * V::set1(s.decay);
-        pv = pv + V::set1(s.neg_lr) * sign(c);
-        mv = mv * V::set1(s.beta2) + gv * V::set1(s.one_m_beta2);
-        pv.store(p + i);
-        mv.store(m + i);
-        if (copy) store_copy(pv, copy + i, copy_dtype);
+    dispatch_copy(copy, copy_dtype, n, [&](auto copy_mode) {
+        dispatch_bool(s.decay != 1.0f, [&](auto use_decay) {
+            const LionScalars c = s;
+            parallel_elementwise(n, threads, [=](auto tag, int64_t i) {
+                using V = decltype(tag);
+                V pv = V::load(p + i), gv = V::load(g + i), mv = V::load(m + i);
+                const V cv = mv * V::set1(c.beta1) + gv * V::set1(c.one_m_beta1);
+                if constexpr (decltype(use_decay)::value) pv = pv * V::set1(c.decay);
+                pv = pv + V::set1(c.neg_lr) * sign(cv);
+                mv = mv * V::set1(c.beta2) + gv * V::set1(c.one_m_beta2);
+                pv.store(p + i);
+                mv.store(m + i);
+                store_copy_as<decltype(copy_mode)>(pv, copy, i);
+            });
+        });
     });
 }
 
 // Same memory traffic as adam_update (4 fp32 arrays read, 3 written: 28 bytes/element) with trivial
-// arithmetic: the in-place bandwidth roofline the Adam kernel is measured against.
+// arithmetic: the in-place bandwidth roofline the Adam kernel is measured against. Same loop machinery
+// as the kernels (by-value capture, per-thread closure copy), so it is as tight as they are.
 inline void stream_probe(float* p, const float* g, float* m, float* v, int64_t n, int threads) {
-    parallel_elementwise(n, threads, [&](auto tag, int64_t i) {
+    parallel_elementwise(n, threads, [=](auto tag, int64_t i) {
         using V = decltype(tag);
         const V gv = V::load(g + i);
         (V::load(p + i) + gv).store(p + i);

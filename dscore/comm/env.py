@@ -228,8 +228,12 @@ def discover_env(
     distributed_port: int = 29500,
     auto_mpi_discovery: bool = True,
     environ: Mapping[str, str] | None = None,
+    quiet: bool = False,
 ) -> DistributedEnv:
     """Work out rank, world size, local rank and rendezvous address (see the module docstring).
+
+    ``quiet`` logs the single-process fallback at DEBUG instead of INFO (for a look-ahead call that
+    ``init_distributed`` repeats and logs).
 
     Args:
         rank: explicit global rank, or -1 to discover.
@@ -278,7 +282,8 @@ def discover_env(
     if primary is None and explicit.rank is None and explicit.world_size is None:
         addr = env.get("MASTER_ADDR") or "127.0.0.1"
         port = _int(env, "MASTER_PORT") or find_free_port()
-        log.info(
+        log.log(
+            logging.DEBUG if quiet else logging.INFO,
             "no launcher, MPI or SLURM variables found: running as a single process (rank 0 of 1, "
             "rendezvous %s:%d)", addr, port,
         )

@@ -294,7 +294,7 @@ def _data_parallel_world_size(distributed_port: int) -> tuple[int, str]:
         return dist.get_world_size(), "the existing torch.distributed process group"
     from dscore.comm.env import discover_env
 
-    env = discover_env(distributed_port=distributed_port)
+    env = discover_env(distributed_port=distributed_port, quiet=True)
     return env.world_size, f"world size {env.world_size} discovered from the environment ({env.source})"
 
 

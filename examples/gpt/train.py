@@ -16,6 +16,7 @@ import argparse
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -85,6 +86,27 @@ def evaluate(engine, stream: torch.Tensor, batches: int, batch_size: int, block:
     return float(mean)
 
 
+class StopRequest:
+    """Ctrl-C (SIGINT, forwarded to every rank by ``dscore run``) asks for a stop at the next optimizer
+    step: all ranks agree on it with a one-element all-reduce per step, save a checkpoint and exit 130,
+    so no rank is left waiting in a collective. A second Ctrl-C stops at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def agreed(self) -> bool:
+        flag = torch.tensor([1.0 if self.requested else 0.0])
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 def fmt_time(seconds: float) -> str:
     seconds = max(0, int(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s"
@@ -123,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.time()
     last_t, last_step, loss_ema = t0, start_step, None
+    stop = StopRequest()
     try:
         while engine.global_steps < args.steps:
             step = engine.global_steps
@@ -149,15 +172,22 @@ def main(argv: list[str] | None = None) -> int:
                 say(f"eval  step {done:>5} | validation loss {val:.3f} nats/byte (unigram baseline {baseline:.3f})")
             if done % args.save_interval == 0 or done == args.steps:
                 engine.save_checkpoint(str(ckpt), client_state={"steps_target": args.steps})
+            elif stop.agreed():
+                engine.save_checkpoint(str(ckpt), client_state={"steps_target": args.steps})
+                say(f"\ninterrupted: saved step {done} to {ckpt}; run the same command again to resume")
+                return 130
     except KeyboardInterrupt:
-        say(f"\ninterrupted at step {engine.global_steps}; run the same command again to resume from {ckpt}/latest")
+        say(f"\nstopped at step {engine.global_steps} without saving; re-running resumes from {ckpt}/latest")
         return 130
 
+    if engine.global_steps == start_step:
+        wall_note = "nothing left to train"
+    else:
+        wall_note = f"{engine.global_steps - start_step} steps in {fmt_time(time.time() - t0)}"
     train_loss = evaluate(engine, corpus.train, args.eval_batches, micro, cfg.block_size, args.seed + 1)
     val_loss = evaluate(engine, corpus.val, args.eval_batches, micro, cfg.block_size, args.seed)
-    wall = time.time() - t0
     say(
-        f"done: {engine.global_steps} steps in {fmt_time(wall)} | train loss {train_loss:.3f} | validation loss "
+        f"done: step {engine.global_steps} ({wall_note}) | train loss {train_loss:.3f} | validation loss "
         f"{val_loss:.3f} nats/byte vs unigram baseline {baseline:.3f} ({val_loss / baseline:.0%} of it)"
     )
     if rank() == 0:

@@ -146,7 +146,7 @@ class _CPUOptimizer(torch.optim.Optimizer):
 def _next_step(state: dict[str, Any]) -> int:
     step = state.get("step")
     value = int(step.item()) + 1 if isinstance(step, torch.Tensor) else int(step or 0) + 1
-    state["step"] = torch.tensor(float(value), dtype=torch.float32)
+    state["step"] = torch.scalar_tensor(float(value), dtype=torch.float32)  # a few us cheaper than torch.tensor
     return value
 
 
