@@ -165,7 +165,11 @@ def build_rank_processes(
 
     Each rank gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_SIZE`` (and torchrun's
     ``LOCAL_WORLD_SIZE``), ``CROSS_RANK`` (node rank), ``CROSS_SIZE`` (number of nodes), ``MASTER_ADDR``,
-    ``MASTER_PORT``, each of ``visible_devices_vars`` (comma-joined slot ids of this node), and ``OMP_NUM_THREADS`` when cores are bound. The command is
+    ``MASTER_PORT``, each of ``visible_devices_vars`` (comma-joined slot ids of this node), and
+    ``OMP_NUM_THREADS``: the bound core count with ``--bind_cores_to_rank``; otherwise, when the caller has
+    not set it and more than one rank shares the node, ``max(1, cpu_count // ranks_on_node)`` so the ranks'
+    intra-op thread pools do not oversubscribe the cores (torchrun sets 1 in that case; an even share
+    keeps single-rank-per-core CPU jobs from being slowed several-fold). The command is
     ``[numactl -C cores] python -u [-m] script [--local_rank=N] args`` (``--no_python``: ``script args``).
 
     Raises:
@@ -210,6 +214,8 @@ def build_rank_processes(
             prefix, per_rank = _core_binding(len(slots), local_rank, bind_core_list, environ)
             argv += prefix
             env["OMP_NUM_THREADS"] = str(per_rank)
+        elif "OMP_NUM_THREADS" not in environ and len(slots) > 1:
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // len(slots)))
         if not no_python:
             argv += [python, "-u"] + (["-m"] if module else [])
         argv.append(script)

@@ -57,6 +57,7 @@ def test_local_plan_ranks_env_and_argv() -> None:
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": "1234",
         "CUDA_VISIBLE_DEVICES": "0,1",
+        "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // 2)),
     }
     assert p.processes[1].argv == [PY, "-u", "train.py", "--local_rank=1", "--lr", "0.1 0.2"]
     assert plan("--num_gpus", "1", "--module", "pkg.train").processes[0].argv == [

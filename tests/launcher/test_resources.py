@@ -52,3 +52,18 @@ def test_selection(kwargs: dict, expected: dict) -> None:
 def test_errors_name_filter_and_choices(kwargs: dict, pattern: str) -> None:
     with pytest.raises(LauncherError, match=pattern):
         select_resources(POOL, **kwargs)
+
+
+def test_ranks_sharing_a_node_split_the_cores_unless_omp_num_threads_is_set() -> None:
+    import os
+
+    from dscore.launcher.local import build_rank_processes
+
+    kw = dict(master_addr="127.0.0.1", master_port=29500, script="train.py", script_args=[])
+    specs = build_rank_processes({"localhost": [0, 1]}, 0, environ={}, **kw)
+    expected = str(max(1, (os.cpu_count() or 1) // 2))
+    assert [s.env["OMP_NUM_THREADS"] for s in specs] == [expected, expected]
+    specs = build_rank_processes({"localhost": [0, 1]}, 0, environ={"OMP_NUM_THREADS": "4"}, **kw)
+    assert all("OMP_NUM_THREADS" not in s.env for s in specs)  # the caller's value is inherited untouched
+    specs = build_rank_processes({"localhost": [0]}, 0, environ={}, **kw)
+    assert "OMP_NUM_THREADS" not in specs[0].env
