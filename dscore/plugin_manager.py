@@ -5,7 +5,9 @@ setuptools loader is not used because it silently skips a second distribution th
 entry point names a small *manifest module* holding hookimpls. For every plugin dscore keeps a
 :class:`PluginRecord`; a plugin that fails to import, implements a hook that does not exist, or returns
 garbage from a registration hook is kept as ``broken`` with a one-line reason instead of crashing
-discovery.
+discovery. That includes any ``BaseException`` but ``KeyboardInterrupt`` raised while the manifest is
+imported (a module calling ``sys.exit(1)``, a ``GeneratorExit``...): the plugin is broken, everything that
+does not select it keeps working.
 
 Blocking, in the order applied:
 
@@ -103,6 +105,9 @@ def _split_env_list(value: str | None) -> list[str]:
 
 
 def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        # say so plainly: "SystemExit: 1" reads like a bug in dscore
+        return f"SystemExit: the plugin called sys.exit({exc.code!r})"
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
@@ -196,7 +201,9 @@ class DscorePluginManager:
                 continue
             try:
                 plugin = ep.load()
-            except Exception as exc:  # any import-time failure makes the plugin broken, not fatal
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - sys.exit() at import too: broken, never fatal
                 record.status = BROKEN
                 record.error = f"import of {ep.value!r} failed: {_one_line(exc)}"
                 continue
@@ -239,7 +246,9 @@ class DscorePluginManager:
             return
         try:
             self._collect_specs(record, plugin)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a registration hook calling sys.exit() is broken too
             self.pm.unregister(name=record.name)
             record.status = BROKEN
             record.error = _one_line(exc)

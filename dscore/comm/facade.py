@@ -111,6 +111,8 @@ class Comm:
         backend: the comm-backend plugin name (``"gloo"``) — informational.
         env: where this process sits (local rank, rendezvous); ``None`` reads ``LOCAL_RANK`` lazily.
         emulate: operations (of :data:`EMULABLE_OPS`) to emulate even if the backend has them.
+        owns_group: True when the call that built this facade created the default group (so dscore
+            owns it and may destroy it; see :mod:`dscore.comm.init`).
 
     Raises:
         DistributedError: ``emulate`` names an operation that cannot be emulated.
@@ -123,6 +125,7 @@ class Comm:
         backend: str = "",
         env: DistributedEnv | None = None,
         emulate: Iterable[str] = (),
+        owns_group: bool = False,
     ) -> None:
         forced = {name.lower() for name in emulate}
         unknown = forced - EMULABLE_OPS
@@ -132,6 +135,7 @@ class Comm:
         self.backend = backend
         self.env = env
         self._emulated: set[str] = set(forced)
+        self.owns_group = bool(owns_group)
 
     def __repr__(self) -> str:
         if not self.is_initialized():
@@ -384,7 +388,14 @@ class Comm:
         """Block until every rank of the group reaches the barrier."""
         dist.barrier(group=self._group(group))
 
-    def destroy(self) -> None:
-        """Destroy the default process group (only when this facade is bound to it)."""
-        if self.group is None and self.is_initialized():
-            dist.destroy_process_group()
+    def destroy(self) -> bool:
+        """Destroy the default process group if dscore created it and this facade is bound to it.
+
+        A group the user created is left alone (it is the user's to destroy). Returns True when the
+        group was destroyed.
+        """
+        if self.group is not None:
+            return False
+        from dscore.comm.init import PROCESS_GROUP_OWNER
+
+        return PROCESS_GROUP_OWNER.destroy("Comm.destroy() was called")

@@ -6,22 +6,43 @@ defaults to the accelerator's. Additions: environment discovery with disagreemen
 (:mod:`dscore.comm.env`), the backend is a comm-backend plugin checked against the accelerator's device
 type, a plugin-set check across ranks right after the group exists (:mod:`dscore.comm.fingerprint`),
 and the call returns the :class:`~dscore.comm.facade.Comm` facade (DeepSpeed returns ``None``).
+
+Who ends the process group (DeepSpeed never does; dscore does, for the group it made):
+
+* A default group that dscore created (here, from :func:`dscore.initialize` or an explicit
+  :func:`dscore.init_distributed`) is *owned* by dscore: :data:`PROCESS_GROUP_OWNER` destroys it before the
+  interpreter starts finalizing, from an ``atexit`` hook — so whatever way the script ends (normal end,
+  ``sys.exit``, an exception after training, Ctrl-C) it is torn down while Python is still fully alive.
+  Left to interpreter finalization, gloo's worker threads can still hold the last reference to a
+  collective's tensors; dropping it needs the GIL, a thread taking the GIL during finalization is
+  ended with ``pthread_exit``, and that unwinding through a ``noexcept`` C++ frame calls
+  ``std::terminate`` (``terminate called without an active exception``, SIGABRT, exit 134).
+* It is also destroyed when the last open engine built on a group created by ``dscore.initialize`` is
+  closed (:meth:`dscore.runtime.engine.DscoreEngine.close`). A group created by an explicit
+  ``dscore.init_distributed()`` call lives until exit (or until the user destroys it).
+* A group the user created (``torch.distributed.init_process_group`` before dscore) stays the user's:
+  dscore never destroys it.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import os
+import threading
+import time
+import weakref
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from dscore.comm.env import DistributedEnv, discover_env
+from dscore.comm.env import DistributedEnv, discover_env, existing_group_env
 from dscore.comm.facade import Comm
 from dscore.comm.fingerprint import verify_plugin_set
+from dscore.comm.guard import ensure_all_arrived
 from dscore.errors import DistributedError
 from dscore.specs import CommBackendSpec
 
@@ -30,11 +51,144 @@ if TYPE_CHECKING:
     from dscore.plugin_manager import DscorePluginManager
     from dscore.registry import Registry
 
-__all__ = ["default_timeout", "init_distributed", "resolve_comm_backend"]
+__all__ = [
+    "PROCESS_GROUP_OWNER",
+    "ProcessGroupOwner",
+    "default_timeout",
+    "init_distributed",
+    "resolve_comm_backend",
+]
 
 log = logging.getLogger("dscore.comm")
 
 DEFAULT_TIMEOUT_MINUTES = 10
+
+
+class ProcessGroupOwner:
+    """Remembers whether dscore created the current default process group, and ends it when due.
+
+    One instance per process (:data:`PROCESS_GROUP_OWNER`): torch.distributed's default group is itself
+    process-wide. The rule it enforces is in the module docstring: dscore destroys only a group it
+    created, at interpreter exit (``atexit``) and when the last open engine on a group created by
+    ``dscore.initialize`` is closed; a group created by the user is never touched.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._group: weakref.ReferenceType[Any] | None = None
+        self._created_by_engine = False
+        self._leases = 0
+        self._atexit_registered = False
+
+    def note_created(self) -> None:
+        """Record that dscore just created the default group (called by :func:`init_distributed`)."""
+        with self._lock:
+            self._group = weakref.ref(dist.group.WORLD)
+            self._created_by_engine = False
+            self._leases = 0
+            if not self._atexit_registered:
+                atexit.register(self.destroy_at_exit)
+                self._atexit_registered = True
+
+    def owns_default_group(self) -> bool:
+        """True when a default group exists and it is the one dscore created."""
+        if self._group is None or not (dist.is_available() and dist.is_initialized()):
+            return False
+        return self._group() is dist.group.WORLD
+
+    def acquire(self, comm: Comm) -> None:
+        """An engine starts using the default group through ``comm`` (one lease per engine)."""
+        with self._lock:
+            self._leases += 1
+            if comm.owns_group and self.owns_default_group():
+                self._created_by_engine = True
+
+    def release(self) -> bool:
+        """An engine is done with the group; destroy it when it was the last one and an engine's
+        ``initialize`` created it. Returns True when the group was destroyed."""
+        with self._lock:
+            self._leases = max(0, self._leases - 1)
+            due = self._leases == 0 and self._created_by_engine
+        return self.destroy("the last engine using it was closed") if due else False
+
+    def destroy(self, why: str) -> bool:
+        """Destroy the default group if dscore created it (else leave it alone). Returns True if destroyed.
+
+        When nothing else references the group, this also ends its backend: gloo drains its queue and
+        joins its worker threads here, with the GIL released.
+        """
+        with self._lock:
+            if not self.owns_default_group():
+                return False
+            group = self._group
+            self._group = None
+            self._created_by_engine = False
+            self._leases = 0
+        log.debug("destroying the process group dscore created (%s)", why)
+        dist.destroy_process_group()
+        if group is not None and group() is not None:
+            # something still references the group object, so its backend (and worker threads) lives
+            # on until finalization: let workers that are about to drop finished collectives take the
+            # GIL now, while the interpreter is alive, rather than during finalization
+            log.debug("the destroyed process group is still referenced; waiting for its threads to go idle")
+            _wait_for_idle_backend_threads()
+        return True
+
+    def destroy_at_exit(self) -> None:
+        """The ``atexit`` hook: tear the owned group down while the interpreter is still fully alive."""
+        try:
+            self.destroy("the interpreter is exiting")
+        except Exception as exc:  # noqa: BLE001 - exit must go on; say what happened
+            log.warning("could not destroy the process group at exit: %s", exc)
+
+
+# gloo's worker threads, by the name torch gives them (its I/O loop thread wakes every 10 ms, so it
+# never looks idle; the workers are the ones that drop finished collectives)
+_BACKEND_THREADS = ("pt_gloo_runloop",)
+_IDLE_POLL_S = 0.01
+_IDLE_POLLS = 3  # consecutive polls without run or run-queue time
+_IDLE_MAX_S = 2.0
+
+
+def _backend_thread_activity() -> int | None:
+    """Nanoseconds the backend threads have run or waited to run (``/proc/self/task/*/schedstat``), or
+    None where that cannot be read."""
+    total, seen = 0, False
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as fh:
+                if fh.read().strip() not in _BACKEND_THREADS:
+                    continue
+            with open(f"/proc/self/task/{tid}/schedstat") as fh:
+                run_ns, wait_ns, _ = fh.read().split()
+        except (OSError, ValueError):
+            continue
+        total += int(run_ns) + int(wait_ns)
+        seen = True
+    return total if seen else None
+
+
+def _wait_for_idle_backend_threads() -> None:
+    """Release the GIL until the backend threads have neither run nor waited for a CPU for a few polls
+    (a worker dropping a finished collective needs the GIL for a moment), at most ``_IDLE_MAX_S``."""
+    deadline = time.monotonic() + _IDLE_MAX_S
+    last, quiet = _backend_thread_activity(), 0
+    if last is None:
+        time.sleep(_IDLE_POLL_S * _IDLE_POLLS)
+        return
+    while quiet < _IDLE_POLLS and time.monotonic() < deadline:
+        time.sleep(_IDLE_POLL_S)
+        now = _backend_thread_activity()
+        quiet = quiet + 1 if now == last else 0
+        last = now
+
+
+#: the process-wide owner of the default process group dscore created (see :class:`ProcessGroupOwner`).
+PROCESS_GROUP_OWNER = ProcessGroupOwner()
 
 
 def default_timeout(environ: Mapping[str, str] | None = None) -> timedelta:
@@ -132,7 +286,10 @@ def init_distributed(
     """Make sure the default ``torch.distributed`` process group exists and return the facade over it.
 
     Idempotent: an existing default group (created by the user or an earlier call) is reused. Collective:
-    with ``verify_plugins`` every rank must call it (ranks then compare their plugin sets).
+    with ``verify_plugins`` every rank must call it (ranks then compare their plugin sets), and a rank
+    that does not arrive within the arrival timeout (:mod:`dscore.comm.guard`) makes the others raise.
+    A group created here is dscore's: it is destroyed at interpreter exit (see the module docstring);
+    an existing group is never destroyed by dscore.
 
     Args:
         dist_backend: a comm-backend plugin name (``"gloo"``, ``"nccl"``, ``"ccl"``, ``"hccl"``, ``"mpi"``);
@@ -223,28 +380,30 @@ def init_distributed(
             timeout=_as_timedelta(timeout, environ),
         )
         created = True
+        PROCESS_GROUP_OWNER.note_created()
         manager.call("dscore_distributed_initialized", rank=env.rank, world_size=env.world_size, backend=spec.name)
 
-    comm = Comm(None, backend=backend_name, env=env)
+    comm = Comm(None, backend=backend_name, env=env, owns_group=created)
     if verify_plugins and comm.get_world_size() > 1:
+        try:
+            ensure_all_arrived("initialize")
+        except DistributedError:
+            if created:
+                PROCESS_GROUP_OWNER.destroy("not every rank called initialize")
+            raise
         try:
             verify_plugin_set(manager, comm)
         except DistributedError:
             if created:
-                dist.destroy_process_group()
+                PROCESS_GROUP_OWNER.destroy("the ranks run different plugin sets")
             raise
     return comm
 
 
 def _env_of_existing_group(environ: Mapping[str, str] | None) -> DistributedEnv:
-    env = os.environ if environ is None else environ
-    rank, world = int(dist.get_rank()), int(dist.get_world_size())
-    local_rank_text = env.get("LOCAL_RANK", "").strip()
-    local_world_text = env.get("LOCAL_WORLD_SIZE", "").strip()
-    local_rank = int(local_rank_text) if local_rank_text.isdigit() else (0 if world == 1 else rank)
-    local_world = int(local_world_text) if local_world_text.isdigit() else world
-    port_text = env.get("MASTER_PORT", "").strip()
-    return DistributedEnv(
-        rank, world, local_rank, local_world, env.get("MASTER_ADDR", ""), int(port_text) if port_text.isdigit() else 0,
-        "existing-process-group",
-    )
+    # local rank from LOCAL_RANK, else the MPI/SLURM variables (dscore.comm.env.existing_group_env);
+    # LOCAL_RANK is exported for user code, as for a group dscore creates
+    env = existing_group_env(int(dist.get_rank()), int(dist.get_world_size()), environ=environ)
+    if environ is None or environ is os.environ:
+        os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
+    return env

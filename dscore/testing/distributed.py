@@ -76,6 +76,10 @@ def _worker(
             pass
 
 
+_ADDRESS_IN_USE = ("eaddrinuse", "address already in use")
+_PORT_ATTEMPTS = 4
+
+
 def run_distributed(
     fn: Callable[..., Any],
     world_size: int = 2,
@@ -92,6 +96,10 @@ def run_distributed(
     it also joins a gloo default process group before ``fn`` runs. ``fn`` and its arguments must be
     picklable (a module-level function of an importable module).
 
+    The port is picked free, but another process may take it before rank 0 listens (a loaded machine
+    running many jobs): when a rank fails with "address already in use", the whole job is started again
+    on a new port (up to 4 attempts), so ``fn`` must tolerate being run again from the start.
+
     Returns:
         ``[result_rank0, result_rank1, ...]`` (results must be picklable).
 
@@ -99,13 +107,34 @@ def run_distributed(
         DistributedTestFailure: a rank raised (its traceback is in the message), died without
             reporting, or the job exceeded ``timeout`` seconds; surviving ranks are killed first.
     """
+    for attempt in range(1, _PORT_ATTEMPTS + 1):
+        outcomes, failures = _spawn(fn, world_size, args, kwargs, timeout, dict(env or {}), init_process_group)
+        if not failures:
+            return [outcomes[r][1] for r in range(world_size)]
+        text = "\n".join(failures)
+        if attempt < _PORT_ATTEMPTS and any(marker in text.lower() for marker in _ADDRESS_IN_USE):
+            continue  # the port was taken between picking and binding: start over on a new one
+        raise DistributedTestFailure(text)
+    raise AssertionError("unreachable")
+
+
+def _spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    timeout: float,
+    env: dict[str, str],
+    init_process_group: bool,
+) -> tuple[dict[int, tuple[str, Any]], list[str]]:
+    """One attempt: start the ranks on a fresh port; return ``(outcomes by rank, failure messages)``."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = find_free_port()
     procs = [
         ctx.Process(
             target=_worker,
-            args=(rank, world_size, port, fn, args, kwargs, dict(env or {}), init_process_group, results),
+            args=(rank, world_size, port, fn, args, kwargs, env, init_process_group, results),
             daemon=True,
         )
         for rank in range(world_size)
@@ -152,6 +181,4 @@ def run_distributed(
                 p.kill()
                 p.join(timeout=5)
         results.close()
-    if failures:
-        raise DistributedTestFailure("\n".join(failures))
-    return [outcomes[r][1] for r in range(world_size)]
+    return outcomes, failures

@@ -1,0 +1,55 @@
+"""A 2-rank ``dscore run`` job that never calls destroy_process_group exits cleanly whatever way the
+script ends: normal end, ``sys.exit``, an exception after training, Ctrl-C (KeyboardInterrupt). Never
+``terminate called without an active exception`` / SIGABRT / exit 134. A group the user created stays
+the user's (still alive in the user's own atexit hook)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = Path(__file__).with_name("exit_script.py")
+
+
+def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "dscore", "run", "--num_gpus", "2", str(SCRIPT), "--out", str(tmp_path), *args],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+
+
+def _no_abort(res: subprocess.CompletedProcess[str]) -> None:
+    assert "terminate called" not in res.stderr, res.stderr[-3000:]
+    assert "SIGABRT" not in res.stderr and res.returncode != 134, res.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("end", "stage", "code"), [("normal", 2, 0), ("sys_exit", 3, 0), ("exception", 1, 1)])
+def test_exit_is_clean(tmp_path: Path, end: str, stage: int, code: int) -> None:
+    res = _run(tmp_path, "--end", end, "--stage", str(stage))
+    _no_abort(res)
+    assert res.returncode == code, res.stderr[-3000:]
+    assert (tmp_path / "ckpt" / "latest").is_file()
+    if end == "exception":
+        assert "failure after training" in res.stderr
+
+
+def test_ctrl_c_after_training_is_clean(tmp_path: Path) -> None:
+    res = _run(tmp_path, "--end", "ctrl_c", "--stage", "0")
+    _no_abort(res)
+    assert "KeyboardInterrupt" in res.stderr
+    assert res.returncode in (1, 130), res.stderr[-3000:]  # Python ends an uncaught Ctrl-C by SIGINT
+
+
+def test_a_user_created_group_stays_the_users(tmp_path: Path) -> None:
+    res = _run(tmp_path, "--user_group", "--stage", "2")
+    _no_abort(res)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for rank in (0, 1):
+        assert (tmp_path / f"user_hook{rank}").read_text() == "True", "dscore destroyed the user's group"
