@@ -1,6 +1,9 @@
-# Two commands do everything on a fresh machine:
-#   make run   - set up (idempotent) and run the main job
-#   make test  - set up (idempotent) and run the whole test suite
+# dscore - a distributed-training runtime for PyTorch in the spirit of DeepSpeed (see README.md).
+# Two commands do everything on a fresh clone (Python >= 3.10, a C++ compiler, make):
+#   make run   - set up (idempotent) and train the example GPT with 2 ranks (examples/gpt/)
+#   make test  - set up (idempotent) and run the whole test suite (CI runs this, then `make lint`)
+# Other targets: setup (the venv alone), lint (ruff), bench (bench/run_all.sh), clean (remove the venv).
+# After `make setup`, `source .venv/bin/activate` puts `dscore` on PATH.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,9 +13,9 @@ STAMP := $(VENV)/.dscore-setup-done
 
 setup: $(STAMP)
 
-# A venv that also sees the system's packages, so a user's own torch build is kept; only when no torch
-# is importable do we install the CPU build (on this machine kind `pip install torch==2.13.0` takes it
-# from local disk).
+# A venv that also sees the system's packages, so a torch build already installed (CPU, CUDA, ROCm, ...)
+# is kept; only when no torch is importable is torch 2.13.0 installed from the package index that pip
+# is configured to use.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0

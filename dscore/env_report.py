@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -84,7 +85,14 @@ def _registry() -> Any:
 def _accelerator(registry: Any) -> dict[str, str]:
     from dscore.accelerator import select_accelerator
 
-    accelerator, reason = select_accelerator(registry)
+    # the report prints the decision and its reason itself; the selection's own INFO line would say it twice
+    selection_log = logging.getLogger("dscore.accelerator")
+    saved_level = selection_log.level
+    selection_log.setLevel(max(logging.WARNING, selection_log.getEffectiveLevel()))
+    try:
+        accelerator, reason = select_accelerator(registry)
+    finally:
+        selection_log.setLevel(saved_level)
     name = getattr(accelerator, "name", None) or type(accelerator).__name__
     return {"name": str(name), "reason": reason}
 
@@ -169,7 +177,12 @@ def format_report(report: dict[str, Any]) -> str:
         row(label, _show(report[key], lambda v: f"{v['version']} ({v['path']}, via {v['found_by']})"))
     row("cpu simd", _show(report["cpu_simd"], str))
     row("/dev/shm", _show(report["shm"], lambda v: f"{v['total_bytes'] / 2**30:.1f} GiB" + (f"  WARNING: {v['warning']}" if "warning" in v else "")))
-    row("accelerator", _show(report["accelerator"], lambda v: f"{v['name']} ({v['reason']})"))
+    row("accelerator", _show(report["accelerator"], lambda v: f"{v['name']} ({v['reason'].split('; skipped ')[0]})"))
+    accelerator = report["accelerator"].get("value") or {}
+    if "; skipped " in str(accelerator.get("reason", "")):
+        # one line per accelerator that is not usable here, under the chosen one
+        for item in re.split(r"; (?=[\w.-]+: )", str(accelerator["reason"]).split("; skipped ", 1)[1]):
+            lines.append(f"{'':30}not usable: {item}")
     lines += ["", "ops (JIT-built with ninja on first use; `dscore ops build` builds ahead)", "-" * 60]
     ops = report["ops"]
     if "error" in ops:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import worktree_guard  # tests/ is on sys.path: pytest's default (prepend) import mode puts it there
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,3 +46,33 @@ def _isolate_process_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     context = sys.modules.get("dscore.runtime.context")
     if context is not None:
         context.set_runtime(saved_runtime)
+
+
+# ---------------------------------------------------------------- the work tree is left as it was found
+_WORKTREE: dict[str, object] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Snapshot the checkout (whole-suite runs, or ``DSCORE_CHECK_WORKTREE=1``; see ``worktree_guard``)."""
+    whole_suite = session.config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    if worktree_guard.check_enabled(whole_suite):
+        _WORKTREE["before"] = worktree_guard.snapshot(REPO_ROOT)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail an otherwise green run that left new files or folders in the checkout."""
+    before = _WORKTREE.pop("before", None)
+    if not isinstance(before, frozenset):
+        return
+    added = worktree_guard.new_paths(before, worktree_guard.snapshot(REPO_ROOT))
+    if added:
+        _WORKTREE["message"] = worktree_guard.report(REPO_ROOT, added)
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    message = _WORKTREE.pop("message", None)
+    if message:
+        terminalreporter.section("work tree check", red=True)
+        terminalreporter.write_line(str(message))

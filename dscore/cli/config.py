@@ -113,11 +113,22 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    print(f"{cfg.source_name}: valid (world size {world_size}, {where})")
+    print(f"{cfg.source_name} is valid for a data-parallel world size of {world_size} ({_world_size_origin(args)}).")
     for key, value in data.items():
-        if key in {"config", "warnings", "source", "world_size"}:
+        if key in {"config", "warnings", "source", "world_size", "pending_auto"}:
             continue
-        print(f"  {key} = {value if not isinstance(value, list) else ', '.join(value) or '-'}")
+        print(f"  {key} = {'none' if value is None else value}")
+    if cfg.pending_auto:
+        print('  left as "auto" until dscore.initialize sees the model: ' + ", ".join(cfg.pending_auto))
     for message in cfg.warnings:
         print(f"  warning: {message}")
     return 0
+
+
+def _world_size_origin(args: argparse.Namespace) -> str:
+    """Where the world size came from, in words, for the text output's first line."""
+    if args.world_size is not None:
+        return "from --world-size"
+    if os.environ.get("WORLD_SIZE", "").strip():
+        return "from WORLD_SIZE in the environment"
+    return "the default; pass --world-size N to check the batch sizes for N processes"

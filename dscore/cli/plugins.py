@@ -1,7 +1,10 @@
-"""``dscore plugins list [--json] [--kind KIND]``: what is installed and what each plugin provides.
+"""``dscore plugins list [--json] [--kind KIND] [--probe]``: what is installed and what each plugin provides.
 
 A broken plugin is listed with its one-line reason and the command still exits 0. Nothing heavy is
-imported: only the plugins' manifest modules.
+imported: only the plugins' manifest modules. The status ``active`` means the plugin loaded; whether an
+accelerator can be used on this machine is a separate question, answered by ``--probe``: it runs every
+accelerator's probe (which imports torch, a few seconds) and adds a "usable here" column (``usable``
+in the JSON rows). Without the flag the listing stays torch-free and fast, and the table says how to ask.
 """
 
 from __future__ import annotations
@@ -9,10 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from dscore.specs import SPEC_KINDS
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "probe_accelerators", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +30,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             choices=sorted(SPEC_KINDS),
             help="only plugins providing this kind of component",
         )
+        p.add_argument(
+            "--probe",
+            action="store_true",
+            help="also check whether each accelerator is usable on this machine (imports torch; a few seconds)",
+        )
+
+
+def probe_accelerators(registry: Any) -> dict[str, dict[str, tuple[bool, str]]]:
+    """Run every active accelerator's probe: ``{plugin name: {accelerator name: (usable, reason)}}``.
+
+    Probes import torch (and a vendor bridge where installed) but create no device context; a probe that
+    fails is reported as not usable with its reason (see :func:`dscore.accelerator.probe_accelerator`).
+    """
+    from dscore.accelerator import probe_accelerator
+    from dscore.specs import AcceleratorSpec
+
+    found: dict[str, dict[str, tuple[bool, str]]] = {}
+    for spec in registry.specs("accelerator"):
+        if not isinstance(spec, AcceleratorSpec):
+            continue
+        result = probe_accelerator(spec)
+        found.setdefault(registry.provider(spec).name, {})[spec.name] = (bool(result.available), str(result.reason))
+    return found
+
+
+def _usable_text(usable: dict[str, tuple[bool, str]] | None) -> str:
+    if not usable:
+        return "-"
+    return "; ".join(
+        (f"{name}: " if len(usable) > 1 else "") + ("yes" if ok else "no") + f" ({reason})"
+        for name, (ok, reason) in sorted(usable.items())
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,11 +70,22 @@ def run(args: argparse.Namespace) -> int:
     from dscore.registry import Registry
 
     manager = create_plugin_manager()
+    registry = Registry(manager)
     records = list(manager.records.values())
     if args.kind:
         records = [r for r in records if args.kind in r.provides]
+    probed = probe_accelerators(registry) if args.probe else None
     if args.json:
-        json.dump([r.as_json() for r in records], sys.stdout, indent=2)
+        rows = [r.as_json() for r in records]
+        if probed is not None:
+            for row in rows:
+                found = probed.get(row["name"])
+                row["usable"] = (
+                    {name: {"usable": ok, "reason": reason} for name, (ok, reason) in sorted(found.items())}
+                    if found
+                    else None
+                )
+        json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
 
@@ -46,15 +93,27 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title="dscore plugins", show_lines=False)
-    for column in ("plugin", "distribution", "version", "origin", "status", "provides"):
+    columns = ["plugin", "distribution", "version", "origin", "status", "provides"]
+    if probed is not None:
+        columns.append("usable here")
+    for column in columns:
         table.add_column(column, overflow="fold")
     for r in records:
         provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in r.provides.items())
         status = r.status if r.status == "active" else f"{r.status}: {r.error}"
-        table.add_row(r.name, r.distribution, r.version, "built-in" if r.builtin else "third-party", status, provides)
+        cells = [r.name, r.distribution, r.version, "built-in" if r.builtin else "third-party", status, provides]
+        if probed is not None:
+            cells.append(_usable_text(probed.get(r.name)))
+        table.add_row(*cells)
     console = Console(width=max(120, Console().width))
     console.print(table)
-    for kind, name, providers in Registry(manager).conflicts(args.kind):
+    if probed is None and any("accelerator" in r.provides for r in records):
+        console.print(
+            "status 'active' means the plugin loaded, not that its device is present: "
+            "`dscore plugins list --probe` checks which accelerators are usable here, "
+            "`dscore report` shows the one that would be selected."
+        )
+    for kind, name, providers in registry.conflicts(args.kind):
         console.print(
             f"[bold red]conflict[/]: {kind} {name!r} is provided by " + ", ".join(p.label() for p in providers)
         )

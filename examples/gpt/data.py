@@ -83,7 +83,11 @@ def load_corpus(data: str | None = None, *, val_fraction: float = 0.1, max_bytes
                 break
         train_b, val_b = SEPARATOR.join(train_parts), SEPARATOR.join(val_parts)
     if len(train_b) < 10_000 or len(val_b) < 1_000:
-        raise ValueError(f"{source}: too little text ({len(train_b)} train / {len(val_b)} validation bytes)")
+        raise ValueError(
+            f"{source}: too little text ({len(train_b)} train / {len(val_b)} validation bytes; at least 10000 / "
+            f"1000 are needed, and a folder's validation part is about {val_fraction:.0%} of its files): "
+            "give a larger file or folder"
+        )
     to_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
     return Corpus(train=to_tensor(train_b), val=to_tensor(val_b), source=source, n_files=n)
 

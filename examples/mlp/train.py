@@ -8,6 +8,9 @@ Several processes (each trains on its own shard; gradients are averaged)::
 
     dscore run --num_gpus 2 examples/mlp/train.py      # or: torchrun --nproc_per_node 2 examples/mlp/train.py
 
+``dscore run`` passes ``--local_rank=N`` to each process; ``dscore.add_config_arguments`` adds that flag
+(both spellings), so the script declares nothing for it.
+
 The ds_config next to this file picks AdamW and a linear warm-up; pass ``--deepspeed_config`` to use
 another. The script prints the held-out accuracy at the end (about 0.97 after the default 12 epochs;
 0.90 is the bar the integration test holds it to).
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
 
 import torch
 from sklearn.datasets import load_digits
@@ -26,6 +30,15 @@ from sklearn.model_selection import train_test_split
 import dscore
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class RankZeroParser(argparse.ArgumentParser):
+    """Prints ``--help``, usage and errors on rank 0 only (``RANK`` unset counts as rank 0): under
+    ``dscore run`` every rank parses the same argv, and the text should appear once."""
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if os.environ.get("RANK", "0").strip() in ("", "0"):
+            super()._print_message(message, file)
 
 
 class MLP(torch.nn.Module):
@@ -57,8 +70,8 @@ def load_data(seed: int) -> tuple[torch.utils.data.TensorDataset, torch.Tensor, 
 
 
 def main() -> float:
-    parser = argparse.ArgumentParser(description="dscore MLP on sklearn digits")
-    parser.add_argument("--epochs", type=int, default=12)
+    parser = RankZeroParser(description="dscore MLP on sklearn digits")
+    parser.add_argument("--epochs", type=int, default=12, help="passes over each rank's shard of the training set")
     parser.add_argument("--seed", type=int, default=0)
     parser = dscore.add_config_arguments(parser)
     args = parser.parse_args()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import site
 import subprocess
 import sys
@@ -52,11 +53,14 @@ def _plugins_json(py: Path) -> list[dict]:
     return json.loads(proc.stdout)
 
 
-def test_install_list_select_uninstall(plugin_venv: Path) -> None:
+def test_install_list_select_uninstall(plugin_venv: Path, tmp_path: Path) -> None:
     py = plugin_venv
     assert "example" not in {r["name"] for r in _plugins_json(py)}
 
-    proc = _pip(py, "install", "--no-deps", "--no-build-isolation", str(PLUGIN_SRC))
+    # setuptools builds in the source folder (build/, *.egg-info): install from a copy in tmp_path
+    src = tmp_path / "dscore-example-plugin"
+    shutil.copytree(PLUGIN_SRC, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    proc = _pip(py, "install", "--no-deps", "--no-build-isolation", str(src))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = {r["name"]: r for r in _plugins_json(py)}
     row = rows["example"]
