@@ -2,8 +2,11 @@
 
 Rules (DeepSpeed ``deepspeed/runtime/engine.py::_configure_optimizer`` / ``_configure_lr_scheduler``):
 
-* **Optimizer.** A client optimizer *instance* is used as it is (empty groups dropped); a client
-  *callable* is called with the parameter groups; otherwise ``optimizer.type`` is looked up in the
+* **Optimizer.** A client optimizer *instance* is used as it is: the engine steps that very object and
+  its ``param_groups`` define the group structure (empty and all-frozen groups kept, so a client
+  scheduler's per-group lists stay aligned; DeepSpeed drops empty groups, which breaks a ``LambdaLR``
+  built before ``initialize``). A client *callable* is called with the parameter groups; otherwise
+  ``optimizer.type`` is looked up in the
   registry (case-insensitive, aliases included) and its factory called as ``factory(params, **params)``.
   A type no plugin registers falls back to the spec named ``"torch"``, called with
   ``type_name=<type as written>`` (any ``torch.optim`` class, case-sensitive like DeepSpeed: ``"SGD"``
@@ -12,9 +15,14 @@ Rules (DeepSpeed ``deepspeed/runtime/engine.py::_configure_optimizer`` / ``_conf
   whose class is not offload-capable (no registered ``OptimizerSpec(offload_capable=True)`` builds it and
   the class has no true ``offload_capable`` attribute) is refused unless ``zero_force_ds_cpu_optimizer``
   is false. A configured type that is not offload-capable is refused the same way.
+* **Untested optimizers.** Under ZeRO stages 1-3 a client optimizer (instance or callable result) whose
+  class is not known to be ZeRO-safe (:func:`is_zero_supported`) is refused unless
+  ``zero_allow_untested_optimizer: true`` (DeepSpeed's ``_do_optimizer_sanity_check``).
 * **LR scheduler.** The config's ``scheduler.type`` wins over a client scheduler (as DeepSpeed); a client
-  scheduler is an instance or a callable taking the engine's optimizer. There is no scheduler without an
-  optimizer. Unknown types fall back to the spec ``"torch"`` (any ``torch.optim.lr_scheduler`` class).
+  scheduler is an instance or a callable taking the engine's optimizer, and must be bound to the
+  optimizer the engine steps (an instance built over another optimizer object is refused). There is no
+  scheduler without an optimizer. Unknown types fall back to the spec ``"torch"`` (any
+  ``torch.optim.lr_scheduler`` class).
 """
 
 from __future__ import annotations
@@ -26,7 +34,14 @@ from typing import Any
 from dscore.errors import ComponentNotFoundError, ConfigError
 from dscore.specs import LRSchedulerSpec, OptimizerSpec, resolve
 
-__all__ = ["OptimizerChoice", "choose_optimizer", "build_lr_scheduler", "check_offload_compatible"]
+__all__ = [
+    "OptimizerChoice",
+    "build_lr_scheduler",
+    "check_offload_compatible",
+    "check_zero_supported",
+    "choose_optimizer",
+    "is_zero_supported",
+]
 
 log = logging.getLogger("dscore.runtime.optimizer_builder")
 
@@ -94,7 +109,8 @@ def choose_optimizer(config: Any, registry: Any, client: Any) -> OptimizerChoice
 
     Raises:
         ConfigError: ``optimizer.params`` holds ``max_grad_norm``; an offload-incompatible optimizer is
-            used with ZeRO optimizer offload and ``zero_force_ds_cpu_optimizer`` is true.
+            used with ZeRO optimizer offload and ``zero_force_ds_cpu_optimizer`` is true; a client
+            optimizer not known to be ZeRO-safe under ZeRO 1-3 without ``zero_allow_untested_optimizer``.
         ComponentNotFoundError: ``optimizer.type`` is not registered and no ``torch`` fallback exists.
     """
     import torch
@@ -110,6 +126,7 @@ def choose_optimizer(config: Any, registry: Any, client: Any) -> OptimizerChoice
         if isinstance(client, torch.optim.Optimizer):
             if offload:
                 check_offload_compatible(config, registry, type(client))
+            check_zero_supported(config, registry, type(client))
             return OptimizerChoice(client_optimizer=client, description=f"client {type(client).__name__}")
         if callable(client):
 
@@ -117,6 +134,7 @@ def choose_optimizer(config: Any, registry: Any, client: Any) -> OptimizerChoice
                 opt = client(groups)
                 if offload:
                     check_offload_compatible(config, registry, type(opt))
+                check_zero_supported(config, registry, type(opt))
                 return opt
 
             return OptimizerChoice(factory=from_callable, description="client optimizer callable")
@@ -180,11 +198,71 @@ def check_offload_compatible(config: Any, registry: Any, cls: type) -> None:
     )
 
 
+# DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS, by exact class (``type(opt) in ...``): torch's Adam, AdamW and
+# Adagrad, plus the registered names of the fused / CPU optimizers DeepSpeed lists.
+_ZERO_SUPPORTED_TORCH = ("Adam", "AdamW", "Adagrad")
+_ZERO_SUPPORTED_SPECS = (
+    "FusedAdam", "FusedLion", "DscoreCPUAdam", "DscoreCPUAdagrad", "DscoreCPULion",
+)
+
+
+def is_zero_supported(registry: Any, cls: type) -> bool:
+    """True when ``cls`` is an optimizer class known to be correct over ZeRO partitions.
+
+    Known: exactly ``torch.optim.Adam``/``AdamW``/``Adagrad``; the classes registered under
+    DeepSpeed's fused/CPU names (``FusedAdam``, ``FusedLion``, ``DscoreCPUAdam``, ``DscoreCPUAdagrad``,
+    ``DscoreCPULion``); any class with a true ``zero_supported`` class attribute (how a plugin
+    declares an element-wise optimizer ZeRO-safe). Subclasses of torch's optimizers are *not* known, as in
+    DeepSpeed (they may override ``step`` with cross-element logic).
+    """
+    import torch
+
+    if getattr(cls, "zero_supported", False) is True:
+        return True
+    if any(cls is getattr(torch.optim, name) for name in _ZERO_SUPPORTED_TORCH):
+        return True
+    for name in _ZERO_SUPPORTED_SPECS:
+        try:
+            spec = registry.get("optimizer", name)
+            built = resolve(spec.factory)
+        except Exception:  # noqa: BLE001 - an optional optimizer that cannot load is not the client's class
+            continue
+        if built is cls:
+            return True
+    return False
+
+
+def check_zero_supported(config: Any, registry: Any, cls: type) -> None:
+    """Refuse a client optimizer class not known to be ZeRO-safe under ZeRO stages 1-3 (DeepSpeed
+    ``_do_optimizer_sanity_check``) unless ``zero_allow_untested_optimizer: true``.
+
+    Raises:
+        ConfigError: naming ``zero_allow_untested_optimizer`` and the optimizer class.
+    """
+    stage = int(getattr(config, "zero_stage", 0) or 0)
+    if stage == 0 or is_zero_supported(registry, cls):
+        return
+    if bool(getattr(config, "zero_allow_untested_optimizer", False)):
+        log.warning(
+            "ZeRO stage %d with the untested client optimizer %s.%s (zero_allow_untested_optimizer: true); "
+            "proceed with caution", stage, cls.__module__, cls.__name__,
+        )
+        return
+    raise ConfigError(
+        f"the client optimizer {cls.__module__}.{cls.__name__} is not known to be correct under ZeRO stage {stage} "
+        "(known: torch.optim.Adam, AdamW, Adagrad and dscore's fused/CPU Adam, Adagrad and Lion). Set "
+        '"zero_allow_untested_optimizer": true in ds_config to use it anyway (element-wise optimizers such as '
+        "SGD are safe), or use zero_optimization.stage 0",
+        path="zero_allow_untested_optimizer",
+    )
+
+
 def build_lr_scheduler(config: Any, registry: Any, optimizer: Any, client: Any) -> Any:
     """Create the LR scheduler driving ``optimizer`` (see the module docstring), or None.
 
     Raises:
-        ConfigError: the client scheduler is neither an object with ``step()`` nor a callable.
+        ConfigError: the client scheduler is neither an object with ``step()`` nor a callable, is bound to
+            another optimizer object, or has a different number of per-group learning rates.
         ComponentNotFoundError: ``scheduler.type`` is unknown and no ``torch`` fallback exists.
     """
     sched_cfg = getattr(config, "scheduler", None)
@@ -207,9 +285,39 @@ def build_lr_scheduler(config: Any, registry: Any, optimizer: Any, client: Any) 
     if client is None:
         return None
     if hasattr(client, "step") and hasattr(client, "state_dict"):
+        _check_scheduler_binding(client, optimizer)
         return client
     if callable(client):
-        return client(optimizer)
+        sched = client(optimizer)
+        _check_scheduler_binding(sched, optimizer)
+        return sched
     raise ConfigError(
         f"lr_scheduler must be a scheduler object or a callable(optimizer) -> scheduler, got {type(client).__name__}"
     )
+
+
+def _check_scheduler_binding(scheduler: Any, optimizer: Any) -> None:
+    """A client scheduler must drive the optimizer the engine steps, with one entry per group.
+
+    The engine steps the client optimizer object itself (its groups re-pointed at ZeRO partitions), so a
+    scheduler built over it stays bound. A scheduler built over another optimizer object would change
+    learning rates nobody uses.
+
+    Raises:
+        ConfigError: the scheduler's ``optimizer`` is another object, or its per-group ``base_lrs`` do not
+            match the number of parameter groups.
+    """
+    bound = getattr(scheduler, "optimizer", None)
+    if bound is not None and bound is not optimizer:
+        raise ConfigError(
+            f"the client lr_scheduler ({type(scheduler).__name__}) is bound to a different optimizer object than "
+            "the one the engine steps; build the scheduler over the optimizer you pass to dscore.initialize, or "
+            "pass a callable(optimizer) -> scheduler"
+        )
+    base_lrs = getattr(scheduler, "base_lrs", None)
+    groups = getattr(optimizer, "param_groups", None)
+    if isinstance(base_lrs, list) and groups is not None and len(base_lrs) != len(groups):
+        raise ConfigError(
+            f"the client lr_scheduler ({type(scheduler).__name__}) has {len(base_lrs)} per-group learning rates "
+            f"but the optimizer has {len(groups)} parameter group(s)"
+        )

@@ -95,9 +95,13 @@ class ZeroStageContext:
     Attributes:
         module: the user's model, already on the accelerator device and cast by the precision mode.
         param_groups: trainable parameters as torch-style groups ``[{"params": [...], **overrides}]``
-            (from ``model_parameters``; frozen parameters are excluded).
+            (frozen parameters are excluded; empty groups are kept). With a client optimizer instance,
+            group ``i`` is ``client_optimizer.param_groups[i]`` (DeepSpeed's rule: the client's groups,
+            not ``model_parameters``); else from ``model_parameters`` / the module. A stage must give the
+            optimizer exactly these groups, in this order, so every group's hyper-parameters apply to
+            exactly its parameters and per-group scheduler lists stay aligned.
         client_optimizer: an optimizer instance the user passed, built over the module's parameters,
-            or None.
+            or None. The stage steps this very object (re-pointing its groups at partitions).
         optimizer_factory: ``factory(param_groups) -> torch.optim.Optimizer`` built from the config's
             ``optimizer`` block (or the user's optimizer callable), or None when there is no optimizer.
         config: the validated :class:`dscore.config.DscoreConfig`.
@@ -157,6 +161,16 @@ class ZeroStage(abc.ABC):
     @abc.abstractmethod
     def optimizer(self) -> torch.optim.Optimizer | None:
         """The optimizer object exposed as ``engine.optimizer`` (None when training without one)."""
+
+    @property
+    def public_optimizer(self) -> Any:
+        """What ``engine.optimizer`` and ``dscore.initialize`` return: :attr:`optimizer` by default.
+
+        A stage may return another object when there is no optimizer (stage 3 returns a parameter
+        manager that can still gather, save and load, as DeepSpeed returns ``DeepSpeedZeRoOffload``).
+        The engine decides whether it can train from :attr:`optimizer` alone.
+        """
+        return self.optimizer
 
     @abc.abstractmethod
     def backward(self, loss: torch.Tensor, *, boundary: bool, sync: bool = True, retain_graph: bool = False) -> None:

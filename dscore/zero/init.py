@@ -187,14 +187,20 @@ class GatheredParameters:
     Args:
         params: a parameter, an iterable of parameters, or a module (all its parameters). Parameters that
             are not partitioned are left alone.
-        modifier_rank: None to read only; else the rank whose (possibly modified) values are broadcast to
-            every rank and re-partitioned on exit (fp32 master weights of a live stage-3 engine are
-            refreshed through the unit's ``on_modified`` callbacks).
+        modifier_rank: None to read only: changes made inside the context are *discarded on every rank*
+            at exit (DeepSpeed's documented rule), including for units that stay gathered (persistent
+            small parameters), which are re-gathered from the untouched partitions so that no rank keeps
+            a local edit the others do not see. Else the rank whose (possibly modified) values are
+            broadcast to every rank and re-partitioned on exit (fp32 master weights of a live stage-3
+            engine are refreshed through the unit's ``on_modified`` callbacks).
         fwd_module: accepted for DeepSpeed compatibility (external parameter registration) and ignored.
         enabled: False makes the context a no-op.
 
     Every rank of the group must enter the context (it runs collectives). Units that were released
-    before entering are released again on exit.
+    before entering are released again on exit. When partitioned parameters are given, entering first
+    checks that every rank arrived (:func:`dscore.comm.guard.ensure_all_arrived`, method
+    ``"GatheredParameters"``): a rank that does not come within ``DSCORE_ARRIVAL_TIMEOUT`` seconds makes
+    the others raise ``CollectiveArrivalError`` naming it.
     """
 
     def __init__(
@@ -221,6 +227,10 @@ class GatheredParameters:
     def __enter__(self) -> GatheredParameters:
         if not self.enabled:
             return self
+        if self.units:  # nothing partitioned: no collective, so no arrival check either
+            from dscore.comm.guard import ensure_all_arrived
+
+            ensure_all_arrived("GatheredParameters", group=self.units[0].coll.group)
         self._was_gathered = [u.gathered for u in self.units]
         for u in self.units:
             u.gather(async_op=True)
@@ -235,6 +245,15 @@ class GatheredParameters:
             for u in self.units:
                 u.coll.broadcast(u.full, self.modifier_rank)
                 u.write_back()
+        elif exc_type is None:
+            # read-only: units that stay gathered get the partitions' values back, so an in-place edit on
+            # some ranks cannot survive on those ranks only (no collective when leaving on an exception,
+            # which may be raised on one rank only)
+            kept = [u for u, was in zip(self.units, self._was_gathered) if was]
+            for u in kept:
+                u.refresh(async_op=True)
+            for u in kept:
+                u.wait()
         for u, was in zip(self.units, self._was_gathered):
             if not was:
                 u.release()
