@@ -29,9 +29,12 @@ def test_fp16_optimizer_algorithm_halves_at_once_and_grows_after_window() -> Non
     assert _run(s, [False, False, True, False, False, False, False]) == [16, 16, 8, 8, 8, 16, 16]
 
 
-def test_fp16_optimizer_algorithm_ignores_hysteresis_and_clamps_without_raising() -> None:
+def test_fp16_optimizer_algorithm_ignores_hysteresis_and_raises_at_minimum_like_zero() -> None:
+    # Issue 15 item 6: one behaviour at min_loss_scale for every stage (it used to clamp silently here).
     s = DynamicLossScaler(init_scale=16, scale_window=100, min_scale=4, hysteresis=5, algorithm="fp16_optimizer")
-    assert _run(s, [True, True, True, True]) == [8, 4, 4, 4]
+    assert _run(s, [True, True]) == [8, 4]
+    with pytest.raises(LossScaleUnderflowError, match="min_loss_scale=4"):
+        s.update(True)
 
 
 def test_zero_algorithm_honours_hysteresis_and_raises_at_minimum() -> None:

@@ -96,16 +96,14 @@ def test_warmup_decay_lr_formula() -> None:
     assert got[21] == pytest.approx(0.0) and got[25] == pytest.approx(0.0)
 
 
-def test_warmup_decay_lr_missing_max_takes_optimizer_lr_and_warns(caplog: pytest.LogCaptureFixture) -> None:
+def test_warmup_decay_lr_missing_max_is_deepspeed_0_001() -> None:
+    # DeepSpeed 0.19.8's WarmupDecayLR defaults warmup_max_lr to 0.001, whatever the optimizer lr is.
     opt = _opt(lr=0.3)
-    with caplog.at_level(logging.WARNING, logger="dscore.sched"):
-        s = WarmupDecayLR(opt, total_num_steps=10, warmup_num_steps=2, warmup_type="linear")
-    assert "DeepSpeed would use 0.001" in caplog.text
-    assert s.max_lrs == [0.3]
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="dscore.sched"):
-        WarmupDecayLR(_opt(lr=0.001), total_num_steps=10, warmup_num_steps=2)
-    assert "DeepSpeed would use" not in caplog.text
+    s = WarmupDecayLR(opt, total_num_steps=10, warmup_num_steps=2, warmup_type="linear")
+    assert s.max_lrs == [0.001]
+    assert cfg.WarmupDecayLRParams(total_num_steps=10).warmup_max_lr == 0.001
+    # None still means "take each group's lr"
+    assert WarmupDecayLR(_opt(lr=0.3), total_num_steps=10, warmup_max_lr=None).max_lrs == [0.3]
 
 
 def test_warmup_cosine_lr_formula() -> None:

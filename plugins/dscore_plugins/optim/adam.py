@@ -21,9 +21,13 @@ from typing import Any
 
 from dscore.errors import ConfigError
 
-__all__ = ["build_adam", "build_adam_offload", "build_adamw", "build_adamw_offload"]
+__all__ = ["FUSED_ADAM_WEIGHT_DECAY", "build_adam", "build_adam_offload", "build_adamw", "build_adamw_offload"]
 
 log = logging.getLogger("dscore.optim")
+
+#: ``weight_decay`` when ``optimizer.params`` has none: DeepSpeed 0.19.8's FusedAdam / DeepSpeedCPUAdam
+#: default. Only ``torch_adam: true`` keeps torch's own default (0.01 for AdamW, 0 for Adam).
+FUSED_ADAM_WEIGHT_DECAY = 0.0
 
 
 def _param_list(params: Iterable[Any]) -> list[Any]:
@@ -51,6 +55,8 @@ def build_adam(
         bias_correction: must be true (torch's Adam always corrects).
         set_grad_none, fp32_optimizer_states: accepted for DeepSpeed compatibility; no effect here.
         **kwargs: ``lr``, ``betas``, ``eps``, ``weight_decay``, ``amsgrad`` (torch names and units).
+            ``weight_decay`` defaults to 0.0 (DeepSpeed's FusedAdam) unless ``torch_adam`` is true, where
+            torch's default applies (0.01 for ``AdamW``), exactly as DeepSpeed 0.19.8.
 
     Returns:
         a ``torch.optim.Adam`` or ``torch.optim.AdamW``.
@@ -70,6 +76,8 @@ def build_adam(
     params = _param_list(params)
     if torch_adam:
         return cls(params, foreach=True, **kwargs)
+    # DeepSpeed's FusedAdam defaults weight_decay to 0.0; torch.optim.AdamW's own default is 0.01.
+    kwargs.setdefault("weight_decay", FUSED_ADAM_WEIGHT_DECAY)
     try:
         return cls(params, fused=True, **kwargs)
     except (RuntimeError, ValueError) as exc:  # device/dtype without a fused kernel
@@ -108,6 +116,7 @@ def build_adam_offload(
     common = dict(set_grad_none=set_grad_none, fp32_optimizer_states=fp32_optimizer_states)
     if torch_adam:
         return build_adam(params, adam_w_mode=adam_w_mode, torch_adam=True, bias_correction=bias_correction, **common, **kwargs)
+    kwargs.setdefault("weight_decay", FUSED_ADAM_WEIGHT_DECAY)  # DeepSpeedCPUAdam's default
     try:
         from dscore_plugins.ops.cpu_optim import DscoreCPUAdam
 

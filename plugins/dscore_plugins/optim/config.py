@@ -47,7 +47,11 @@ class OptimizerParams(BaseModel):
 
 
 class AdamParams(OptimizerParams):
-    """``Adam``: decoupled weight decay by default (``adam_w_mode`` true), as DeepSpeed's FusedAdam."""
+    """``Adam``: decoupled weight decay by default (``adam_w_mode`` true), as DeepSpeed's FusedAdam.
+
+    Defaults are FusedAdam's / DeepSpeedCPUAdam's; with ``torch_adam: true`` keys not given take torch's own
+    defaults instead (``weight_decay`` 0.01 for AdamW), as DeepSpeed passes only the given keys there.
+    """
 
     lr: NonNegativeFloat = 1e-3
     """Learning rate."""
@@ -127,12 +131,13 @@ class AdagradParams(OptimizerParams):
 class MuonParams(OptimizerParams):
     """``Muon`` with an auxiliary Adam (Jordan et al. 2024), DeepSpeed's MuonWithAuxAdam keys."""
 
-    lr: NonNegativeFloat = 0.02
-    """Default for ``muon_lr`` and ``adam_lr``."""
+    lr: NonNegativeFloat | None = None
+    """Default for ``muon_lr`` and ``adam_lr``; None: 0.02 for Muon and 3e-4 for the auxiliary Adam
+    (DeepSpeed's MuonWithAuxAdam defaults)."""
     muon_lr: NonNegativeFloat | None = None
-    """Learning rate of the Muon (matrix) parameters; None takes ``lr``."""
+    """Learning rate of the Muon (matrix) parameters; None takes ``lr`` (else 0.02)."""
     adam_lr: NonNegativeFloat | None = None
-    """Learning rate of the auxiliary Adam parameters; None takes ``lr``."""
+    """Learning rate of the auxiliary Adam parameters; None takes ``lr`` (else 3e-4)."""
     momentum: Annotated[Float, Field(ge=0, lt=1)] = 0.95
     """Muon momentum."""
     nesterov: StrictBool = True

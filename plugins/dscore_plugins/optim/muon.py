@@ -25,9 +25,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["MuonWithAuxAdam", "build_muon", "newton_schulz5", "set_muon_flags"]
+__all__ = ["AUX_ADAM_LR_DEFAULT", "MUON_LR_DEFAULT", "MuonWithAuxAdam", "build_muon", "newton_schulz5", "set_muon_flags"]
 
 log = logging.getLogger("dscore.optim")
+
+#: Per-half learning rates when ``optimizer.params`` has no ``lr`` / ``muon_lr`` / ``adam_lr`` (DeepSpeed
+#: 0.19.8's MuonWithAuxAdam defaults).
+MUON_LR_DEFAULT = 0.02
+AUX_ADAM_LR_DEFAULT = 3e-4
 
 _NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
@@ -124,7 +129,7 @@ class MuonWithAuxAdam(torch.optim.Optimizer):
 def build_muon(
     params: Iterable[Any],
     *,
-    lr: float = 0.02,
+    lr: float | None = None,
     muon_lr: float | None = None,
     adam_lr: float | None = None,
     momentum: float = 0.95,
@@ -140,6 +145,10 @@ def build_muon(
 
     Group-level overrides of the incoming groups (e.g. ``weight_decay``) are kept in both halves.
 
+    Learning rates as DeepSpeed 0.19.8 (``lr`` is given to both halves; ``muon_lr`` / ``adam_lr`` override
+    it): without any of them the Muon half uses 0.02 and the Adam half 3e-4 (MuonWithAuxAdam's own
+    per-half defaults), not 0.02 for both.
+
     Raises:
         dscore.errors.ConfigError: ``ns_method`` other than ``"newton_schulz"`` or ``per_head_muon`` true.
     """
@@ -154,6 +163,10 @@ def build_muon(
         raise ConfigError(
             "optimizer.params.per_head_muon is not implemented in dscore", path="optimizer.params.per_head_muon"
         )
+    if muon_lr is None:
+        muon_lr = lr if lr is not None else MUON_LR_DEFAULT
+    if adam_lr is None:
+        adam_lr = lr if lr is not None else AUX_ADAM_LR_DEFAULT
     items = list(params)
     groups = [dict(g) for g in items] if items and isinstance(items[0], dict) else [{"params": items}]
     out: list[dict[str, Any]] = []
@@ -163,11 +176,11 @@ def build_muon(
         aux = [p for p in tensors if not _uses_muon(p)]
         group.pop("lr", None)
         if muon:
-            out.append({**group, "params": muon, "use_muon": True, "lr": muon_lr if muon_lr is not None else lr})
+            out.append({**group, "params": muon, "use_muon": True, "lr": muon_lr})
         if aux:
-            out.append({**group, "params": aux, "use_muon": False, "lr": adam_lr if adam_lr is not None else lr})
+            out.append({**group, "params": aux, "use_muon": False, "lr": adam_lr})
     defaults = dict(
-        lr=lr,
+        lr=muon_lr,
         momentum=momentum,
         nesterov=nesterov,
         ns_steps=ns_steps,

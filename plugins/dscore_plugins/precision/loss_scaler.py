@@ -10,12 +10,18 @@ Both dynamic algorithms share the growth rule: with ``cur_iter`` counting calls 
 last_overflow_iter - 1``; when ``stable > 0 and stable % loss_scale_window == 0`` the scale doubles.
 They differ on overflow:
 
-* ``"fp16_optimizer"`` (ZeRO stage 0): halve at once, clamp at ``min_loss_scale``, never raise; hysteresis
-  settings are ignored.
+* ``"fp16_optimizer"`` (ZeRO stage 0): halve at once, clamped at ``min_loss_scale``; hysteresis settings
+  are ignored.
 * ``"zero"`` (stages 1-3): spend one unit of hysteresis per overflow while more than one is left (scale
-  unchanged); when none is left, halve (clamped at ``min_loss_scale``), and raise
-  :class:`LossScaleUnderflowError` when the scale is already at the minimum. ``consecutive_hysteresis``
+  unchanged); when none is left, halve (clamped at ``min_loss_scale``). ``consecutive_hysteresis``
   refills the hysteresis after every clean step; otherwise it is refilled when the scale grows.
+
+At the minimum both behave the same (:meth:`DynamicLossScaler._shrink_or_raise`, the one place that
+decides): an overflow that would have to lower the scale while it already is ``min_loss_scale`` raises
+:class:`LossScaleUnderflowError`, on every ZeRO stage. This is DeepSpeed's loss-scaler rule
+(``DynamicLossScaler`` with its default ``raise_error_at_min_scale=True``, used by ZeRO 1-3). DeepSpeed's
+stage-0 fp16 optimizers instead clamp and keep skipping every step silently; dscore does not copy that,
+since a run that can never step again must stop, and the same config must not behave differently by stage.
 
 Every overflowing :meth:`update` returns True: the optimizer step must be skipped.
 """
@@ -140,19 +146,12 @@ class DynamicLossScaler(LossScaler):
         """Advance the state machine by one boundary; return ``overflow`` (True = skip the step).
 
         Raises:
-            LossScaleUnderflowError: ``"zero"`` algorithm, no hysteresis left, and the scale is already
-                ``min_loss_scale``.
+            LossScaleUnderflowError: the scale must be lowered (no hysteresis left, or the
+                ``"fp16_optimizer"`` algorithm) and it already is ``min_loss_scale`` (either algorithm).
         """
         if overflow:
-            if self.algorithm == "fp16_optimizer":
-                self._shrink()
-            elif self.hysteresis == 1 or self.cur_hysteresis == 1:
-                if self.cur_scale == self.min_scale:
-                    raise LossScaleUnderflowError(
-                        f"fp16 gradients overflow with the loss scale already at min_loss_scale={self.min_scale}; "
-                        "cannot decrease it further. Lower fp16.min_loss_scale, check the model for inf/NaN, or use bf16."
-                    )
-                self._shrink()
+            if self.algorithm == "fp16_optimizer" or self.hysteresis == 1 or self.cur_hysteresis == 1:
+                self._shrink_or_raise()
             else:
                 self.cur_hysteresis -= 1
                 log.info(
@@ -171,7 +170,14 @@ class DynamicLossScaler(LossScaler):
         self.cur_iter += 1
         return bool(overflow)
 
-    def _shrink(self) -> None:
+    def _shrink_or_raise(self) -> None:
+        """Lower the scale (clamped at the minimum), or raise when it already is the minimum."""
+        if self.cur_scale == self.min_scale:  # DeepSpeed's test (a scale below the minimum is first raised to it)
+            raise LossScaleUnderflowError(
+                f"fp16 gradients overflow with the loss scale already at fp16.min_loss_scale={self.min_scale:g} "
+                f"(step {self.cur_iter} of the loss scaler); it cannot be lowered further and every step would "
+                "be skipped. Lower fp16.min_loss_scale, check the model and data for inf/NaN, or use bf16."
+            )
         new = max(self.cur_scale / self.scale_factor, self.min_scale)
         log.info("fp16 overflow: loss scale %s -> %s, skipping step", self.cur_scale, new)
         self.cur_scale = new

@@ -1,9 +1,8 @@
 """Pydantic models of ``scheduler.params`` for the built-in LR schedulers (torch-free).
 
 Field names, defaults and validation mirror DeepSpeed 0.19.8 ``deepspeed/runtime/lr_schedules.py``
-(see ``deepspeed-behaviour.md`` §3). One deliberate difference: ``WarmupDecayLR.warmup_max_lr`` defaults
-to ``None`` (take each param group's lr, like ``WarmupLR``) instead of DeepSpeed's ``0.001``; the scheduler
-logs a warning when the two would differ.
+(see ``deepspeed-behaviour.md`` §3 and ``docs/defaults.md``). ``WarmupDecayLR.warmup_max_lr`` defaults to
+DeepSpeed's ``0.001`` (not the optimizer's lr, unlike ``WarmupLR``).
 """
 
 from __future__ import annotations
@@ -53,6 +52,8 @@ class WarmupLRParams(SchedulerParams):
 class WarmupDecayLRParams(WarmupLRParams):
     """``WarmupDecayLR``: ``WarmupLR`` followed by a linear decay to ``warmup_min_lr`` at ``total_num_steps``."""
 
+    warmup_max_lr: LRValue | None = 0.001
+    """Learning rate after warm-up: DeepSpeed's default 0.001 (None takes each param group's ``lr``)."""
     total_num_steps: PositiveInt
     """Step at which the learning rate reaches ``warmup_min_lr`` (required)."""
 
@@ -75,10 +76,10 @@ class WarmupCosineLRParams(SchedulerParams):
 class OneCycleParams(SchedulerParams):
     """``OneCycle`` (Smith, arXiv:1803.09820): one triangular lr/momentum cycle then an optional decay."""
 
-    cycle_min_lr: Float
-    """Lower lr of the cycle (required)."""
-    cycle_max_lr: Float
-    """Upper lr of the cycle (required)."""
+    cycle_min_lr: LRValue
+    """Lower lr of the cycle (required; float, or one per param group)."""
+    cycle_max_lr: LRValue
+    """Upper lr of the cycle (required; float, or one per param group)."""
     decay_lr_rate: Float = 0.0
     """lr decay rate after the cycle (0 disables)."""
     cycle_first_step_size: PositiveInt = 2000
@@ -93,10 +94,10 @@ class OneCycleParams(SchedulerParams):
     """Interval of the post-cycle decay in steps (0 disables decay)."""
     cycle_momentum: StrictBool = True
     """Cycle ``betas[0]`` inversely to the lr (needs an optimizer with ``betas``)."""
-    cycle_min_mom: Float = 0.8
-    """Lower momentum of the cycle."""
-    cycle_max_mom: Float = 0.9
-    """Upper momentum of the cycle."""
+    cycle_min_mom: LRValue = 0.8
+    """Lower momentum (beta1) of the cycle (float, or one per param group)."""
+    cycle_max_mom: LRValue = 0.9
+    """Upper momentum (beta1) of the cycle (float, or one per param group)."""
     decay_mom_rate: Float = 0.0
     """Momentum decay rate after the cycle (0 disables)."""
 

@@ -14,10 +14,10 @@ Behaviour mirrored: DeepSpeed 0.19.8 ``deepspeed/runtime/lr_schedules.py`` (form
 Learning rates are Python floats in the optimizer's units (per step). Tensor-valued ``lr`` entries in
 param groups (``torch.optim`` capturable mode) are filled in place.
 
-Deliberate differences from DeepSpeed (documented in the report and the class docstrings):
+Deliberate differences from DeepSpeed (listed in ``docs/defaults.md``):
 
-* ``WarmupDecayLR`` without ``warmup_max_lr`` takes each group's lr (DeepSpeed: 0.001) and warns
-  when that differs from 0.001.
+* ``WarmupLR`` without ``warmup_max_lr`` takes each group's own lr (DeepSpeed's newer code takes the
+  first group's lr for every group, discarding per-group lrs).
 * Before the first step ``WarmupLR``/``WarmupCosineLR.get_lr()`` return one value per param group
   (DeepSpeed returns a one-element list, leaving groups after the first untouched).
 """
@@ -185,9 +185,9 @@ class WarmupLR(LRSchedulerBase):
 class WarmupDecayLR(WarmupLR):
     """``WarmupLR``, then decay linearly to ``warmup_min_lr`` at ``total_num_steps`` and stay there.
 
-    After warm-up, ``gamma(t) = max(0, (T - t) / max(1, T - W))``. ``warmup_max_lr=None`` takes each
-    param group's lr (DeepSpeed uses 0.001; a warning is logged when the group's lr differs from it).
-    A ``total_num_steps`` smaller than ``warmup_num_steps`` only warns, as in DeepSpeed.
+    After warm-up, ``gamma(t) = max(0, (T - t) / max(1, T - W))``. ``warmup_max_lr`` defaults to 0.001
+    as in DeepSpeed (not to the optimizer's lr); ``None`` takes each param group's lr. A
+    ``total_num_steps`` smaller than ``warmup_num_steps`` only warns, as in DeepSpeed.
 
     Raises:
         ConfigError: ``total_num_steps`` or ``warmup_num_steps`` not a positive int.
@@ -198,21 +198,12 @@ class WarmupDecayLR(WarmupLR):
         optimizer: Any,
         total_num_steps: int,
         warmup_min_lr: float | Sequence[float] = 0.0,
-        warmup_max_lr: float | Sequence[float] | None = None,
+        warmup_max_lr: float | Sequence[float] | None = _DEEPSPEED_WARMUP_DECAY_MAX_LR,
         warmup_num_steps: int = 1000,
         warmup_type: str = _LOG,
         last_batch_iteration: int = -1,
     ) -> None:
         self.total_num_steps = _positive_int(total_num_steps, "total_num_steps")
-        if warmup_max_lr is None:
-            lrs = [float(g["lr"]) for g in _groups(optimizer)]
-            if any(lr != _DEEPSPEED_WARMUP_DECAY_MAX_LR for lr in lrs):
-                log.warning(
-                    "WarmupDecayLR: warmup_max_lr not set; using the optimizer lr %s. DeepSpeed would use %s "
-                    "here; set scheduler.params.warmup_max_lr to silence this warning.",
-                    lrs,
-                    _DEEPSPEED_WARMUP_DECAY_MAX_LR,
-                )
         super().__init__(optimizer, warmup_min_lr, warmup_max_lr, warmup_num_steps, warmup_type, last_batch_iteration)
         if self.total_num_steps < self.warmup_num_steps:
             log.warning(
@@ -290,24 +281,31 @@ class OneCycle(LRSchedulerBase):
 
     With ``S = s1 + s2`` and ``rho = s1 / S``, for ``n = t + 1``: ``x = 1 + n/S - floor(1 + n/S)``;
     ``f = x / rho`` while ``x <= rho`` else ``(x - 1) / (rho - 1)``. A positive stair count ``k`` of the
-    current half quantises ``f`` to ``floor(f k) / k``. While ``t < S``: ``lr = min + (max - min) f`` and
+    current half quantises ``f`` from the integer position in the cycle, ``c = n mod S``:
+    ``f = floor(c k / s1) / k`` in the rising half (``c <= s1``), ``floor((S - c) k / s2) / k`` in the
+    falling one (DeepSpeed's rule; flooring the float ``f`` instead loses a whole stair to rounding, one
+    step behind DeepSpeed). While ``t < S``: ``lr = min + (max - min) f`` and
     ``beta1 = max_mom - (max_mom - min_mom) f``. Afterwards, with ``d = t - S + 1``:
     ``lr = min / (1 + decay_lr_rate d / decay_step_size)`` and
     ``beta1 = max_mom (1 + decay_mom_rate d / decay_step_size)``; each decay is off (constant ``min`` /
     ``max_mom``) when its rate or ``decay_step_size`` is ~0.
 
+    ``cycle_min_lr``, ``cycle_max_lr``, ``cycle_min_mom`` and ``cycle_max_mom`` take one float for every
+    param group or a list with one value per group (the types DeepSpeed documents for them).
+
     Momentum cycling writes ``betas = (beta1, 0.99)`` (DeepSpeed overwrites beta2 with 0.99) and is
     disabled with a warning when the optimizer's ``defaults`` have no ``betas``.
 
     Raises:
-        ConfigError: ``cycle_first_step_size <= 0`` or ``cycle_second_step_size < 0``.
+        ConfigError: ``cycle_first_step_size <= 0``, ``cycle_second_step_size < 0``, or a per-group list
+            whose length differs from the number of param groups (the key is named).
     """
 
     def __init__(
         self,
         optimizer: Any,
-        cycle_min_lr: float,
-        cycle_max_lr: float,
+        cycle_min_lr: float | Sequence[float],
+        cycle_max_lr: float | Sequence[float],
         decay_lr_rate: float = 0.0,
         cycle_first_step_size: int = 2000,
         cycle_second_step_size: int | None = None,
@@ -315,13 +313,12 @@ class OneCycle(LRSchedulerBase):
         cycle_second_stair_count: int | None = None,
         decay_step_size: float = 0,
         cycle_momentum: bool = True,
-        cycle_min_mom: float = 0.8,
-        cycle_max_mom: float = 0.9,
+        cycle_min_mom: float | Sequence[float] = 0.8,
+        cycle_max_mom: float | Sequence[float] = 0.9,
         decay_mom_rate: float = 0.0,
         last_batch_iteration: int = -1,
     ) -> None:
         self.optimizer = optimizer
-        n = len(_groups(optimizer))
         if cycle_first_step_size <= 0:
             raise ConfigError(
                 f"cycle_first_step_size must be > 0, got {cycle_first_step_size!r}",
@@ -334,6 +331,8 @@ class OneCycle(LRSchedulerBase):
             )
         first = float(cycle_first_step_size)
         second = float(cycle_second_step_size) if cycle_second_step_size is not None else first
+        self.first_step_size = first
+        self.second_step_size = second
         self.total_size = first + second
         self.step_ratio = first / self.total_size
         self.first_stair_count = int(cycle_first_stair_count)
@@ -342,15 +341,15 @@ class OneCycle(LRSchedulerBase):
         )
         self.decay_step_size = float(decay_step_size)
         no_decay = math.isclose(self.decay_step_size, 0.0)
-        self.min_lrs = [float(cycle_min_lr)] * n
-        self.max_lrs = [float(cycle_max_lr)] * n
+        self.min_lrs = _per_group(optimizer, cycle_min_lr, "cycle_min_lr")
+        self.max_lrs = _per_group(optimizer, cycle_max_lr, "cycle_max_lr")
         self.decay_lr_rate = float(decay_lr_rate)
         self.skip_lr_decay = no_decay or math.isclose(self.decay_lr_rate, 0.0)
         self.decay_mom_rate = float(decay_mom_rate)
         self.skip_mom_decay = no_decay or math.isclose(self.decay_mom_rate, 0.0)
         self.cycle_momentum = bool(cycle_momentum)
-        self.min_moms = [(float(cycle_min_mom), 0.99)] * n
-        self.max_moms = [(float(cycle_max_mom), 0.99)] * n
+        self.min_moms = [(m, 0.99) for m in _per_group(optimizer, cycle_min_mom, "cycle_min_mom")]
+        self.max_moms = [(m, 0.99) for m in _per_group(optimizer, cycle_max_mom, "cycle_max_mom")]
         if self.cycle_momentum and "betas" not in getattr(optimizer, "defaults", {}):
             log.warning(
                 "OneCycle: cycle_momentum disabled because %s has no 'betas' in its defaults",
@@ -374,7 +373,13 @@ class OneCycle(LRSchedulerBase):
             f = (x - 1.0) / (self.step_ratio - 1.0)
             stairs = self.second_stair_count
         if stairs > 0:
-            f = math.floor(f * stairs) / stairs
+            # From the integer position, not from f: f can land 1 ulp under a stair edge.
+            c = n % self.total_size
+            if c <= self.first_step_size:
+                position = c * stairs / self.first_step_size
+            else:
+                position = (self.total_size - c) * stairs / self.second_step_size
+            f = math.floor(position) / stairs
         return f
 
     def get_lr(self) -> list[float]:
