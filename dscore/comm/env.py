@@ -26,6 +26,11 @@ ranks are node ranks (``mpi_world * LOCAL_WORLD_SIZE == WORLD_SIZE`` and
 
 Unlike DeepSpeed, a missing ``mpi4py`` is never an import error, and SLURM variables are understood.
 This module does not import torch and never writes to the environment.
+
+For a process group that already exists (the script called ``init_process_group`` itself, e.g. under
+``mpirun``/``srun`` without any dscore launcher), :func:`existing_group_env` takes rank and world size
+from the group and the local rank from ``LOCAL_RANK``/``LOCAL_WORLD_SIZE``, else from the MPI variables
+(OpenMPI, MVAPICH, MPICH) or SLURM's ``SLURM_LOCALID`` when they describe the same rank of the same job.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from dataclasses import dataclass
 
 from dscore.errors import DistributedError
 
-__all__ = ["DistributedEnv", "discover_env", "first_slurm_host", "find_free_port"]
+__all__ = ["DistributedEnv", "discover_env", "existing_group_env", "first_slurm_host", "find_free_port"]
 
 log = logging.getLogger("dscore.comm.env")
 
@@ -385,3 +390,40 @@ def discover_env(
     if not 0 < master_port < 65536:
         raise DistributedError(f"rendezvous port {master_port} is not a valid TCP port (1..65535)")
     return DistributedEnv(this_rank, world, local_rank, local_world, master_addr, master_port, source)
+
+
+def existing_group_env(rank: int, world_size: int, *, environ: Mapping[str, str] | None = None) -> DistributedEnv:
+    """Describe a process group that already exists (``rank``/``world_size`` come from the group).
+
+    The local rank is read, in order, from ``LOCAL_RANK`` (with ``LOCAL_WORLD_SIZE``); the MPI variables
+    (``OMPI_COMM_WORLD_LOCAL_RANK``, ``MV2_COMM_WORLD_LOCAL_RANK``, ``MPI_LOCALRANKID``) when that
+    flavour's rank and size variables equal ``rank``/``world_size``; SLURM's ``SLURM_LOCALID`` when
+    ``SLURM_PROCID``/``SLURM_NTASKS`` match. Without any of them, a one-process group has local rank 0
+    and a larger one is assumed to be single-node (local rank = rank). ``MASTER_ADDR``/``MASTER_PORT``
+    are reported as found ("" / 0 when unset). ``source`` is ``"existing-process-group"`` plus, when the
+    local rank came from a launcher's variables, ``"+mpi:<flavour>"`` or ``"+slurm"``.
+
+    Raises:
+        DistributedError: a variable that is read is not an integer.
+    """
+    env = os.environ if environ is None else environ
+    source = "existing-process-group"
+    local_rank = _int(env, "LOCAL_RANK")
+    local_world = _int(env, "LOCAL_WORLD_SIZE")
+    if local_rank is None:
+        for flavour, r, s, lr, ls in _MPI_FLAVOURS:
+            if _int(env, r) == rank and _int(env, s) == world_size and _int(env, lr) is not None:
+                local_rank, local_world = _int(env, lr), local_world or _int(env, ls)
+                source += f"+mpi:{flavour}"
+                break
+    if local_rank is None and _int(env, "SLURM_PROCID") == rank and _int(env, "SLURM_NTASKS") == world_size:
+        local_rank = _int(env, "SLURM_LOCALID")
+        if local_rank is not None:
+            local_world = local_world or _slurm_tasks_per_node(env)
+            source += "+slurm"
+    if local_rank is None:
+        local_rank = 0 if world_size == 1 else rank
+    if local_world is None:
+        local_world = world_size
+    port = _int(env, "MASTER_PORT") or 0
+    return DistributedEnv(rank, world_size, local_rank, local_world, env.get("MASTER_ADDR", ""), port, source)

@@ -13,12 +13,20 @@ keeps its value), CRLF line ends tolerated, blank and ``#`` lines skipped. A lin
 invalid name is a :class:`~dscore.errors.LauncherError` naming the file and line (DeepSpeed crashes with
 a bare ``ValueError``).
 
-Quoting: values are single-quoted for the remote POSIX shell (:func:`shell_export`), so spaces stay in
-the value and nothing in a value is executed. **Remote expansion form**: a line written
-``NAME=@expand:VALUE`` (for example ``LD_LIBRARY_PATH=@expand:/opt/lib:${LD_LIBRARY_PATH}``) is exported
-in double quotes where only ``$NAME`` and ``${NAME}`` are expanded by the remote shell; every other
-``$``, backquote, backslash and double quote is escaped, so command substitution stays impossible. The
-expansion form needs a remote shell, so only the pdsh and ssh runners accept it.
+Remote expansion rule (what DeepSpeed users' files expect, made safe): in a ``.deepspeed_env`` value,
+``$NAME`` and ``${NAME}`` are variable references **expanded on the remote node** (so
+``LD_LIBRARY_PATH=/opt/efa/lib:$LD_LIBRARY_PATH`` prepends to the remote node's own path). Nothing else
+is interpreted: ``$(...)``, backquotes, ``;``, ``|``, ``&``, quotes, backslashes, ``${NAME:-x}`` and a
+lone ``$`` stay literal characters of the value, so a value cannot run a command. An undefined
+reference expands to the empty string, as in a shell. The older explicit form ``NAME=@expand:VALUE`` is
+still accepted and means the same (the marker is dropped). Values taken from the launcher's own
+environment (``NCCL_*``, ``PYTHON*``, ...) are real values and are never expanded.
+
+How each back end applies the rule: the shell-based runners (pdsh, ssh) export such values in double
+quotes in which only the references are active and every other ``$``, backquote, backslash and double
+quote is escaped (:func:`shell_export`); the MPI-style runners (openmpi, mpich, mvapich, slurm) pass the
+value unchanged and the per-rank entry (``python -m dscore.launcher.node --mpi --expand_env NAME``)
+expands it on the node with :func:`expand_references`, without any shell.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ __all__ = [
     "parse_env_file",
     "collect_exports",
     "shell_export",
+    "expand_references",
+    "has_references",
 ]
 
 #: Prefixes of launcher environment variables exported to every node.
@@ -59,7 +69,8 @@ class EnvVar:
     Attributes:
         name: variable name.
         value: the value (without the :data:`EXPAND_MARKER`).
-        expand: True when ``$NAME``/``${NAME}`` in ``value`` are expanded on the remote side.
+        expand: True when ``value`` holds ``$NAME``/``${NAME}`` references, expanded on the remote node
+            (always False for values taken from the launcher's environment).
         source: where it came from (``"environment"`` or ``"<file>:<line>"``).
     """
 
@@ -96,10 +107,10 @@ def parse_env_file(path: str) -> list[EnvVar]:
                 f"{path}:{number}: {name!r} is not a valid variable name; expected NAME=VALUE with NAME "
                 "matching [A-Za-z_][A-Za-z0-9_]*"
             )
-        expand = value.startswith(EXPAND_MARKER)
-        if expand:
+        marked = value.startswith(EXPAND_MARKER)
+        if marked:
             value = value[len(EXPAND_MARKER) :]
-        out.append(EnvVar(name, value, expand, f"{path}:{number}"))
+        out.append(EnvVar(name, value, has_references(value), f"{path}:{number}"))
     return out
 
 
@@ -153,6 +164,24 @@ def collect_exports(
     return list(merged.values())
 
 
+def has_references(value: str) -> bool:
+    """True when ``value`` contains a ``$NAME`` or ``${NAME}`` reference (the remote-expansion rule)."""
+    return _VAR_REF_RE.search(value) is not None
+
+
+def expand_references(value: str, environ: Mapping[str, str]) -> str:
+    """Replace ``$NAME``/``${NAME}`` in ``value`` with ``environ``'s values (empty when undefined).
+
+    Everything else is kept literally (no command substitution, no ``${NAME:-default}``): the same
+    result a POSIX shell gives for the double-quoted form :func:`shell_export` writes.
+    """
+
+    def sub(match: re.Match[str]) -> str:
+        return environ.get(match.group(0).lstrip("$").strip("{}"), "")
+
+    return _VAR_REF_RE.sub(sub, value)
+
+
 def _double_quote_expanding(value: str) -> str:
     pieces: list[str] = []
     pos = 0
@@ -171,8 +200,8 @@ def _escape_dq(text: str) -> str:
 def shell_export(var: EnvVar) -> str:
     """``export NAME=<quoted value>`` for a POSIX remote shell.
 
-    Plain values are single-quoted (:func:`shlex.quote`): nothing in them is interpreted. Expansion-form
-    values are double-quoted with only ``$NAME``/``${NAME}`` left active.
+    Plain values are single-quoted (:func:`shlex.quote`): nothing in them is interpreted. Values with
+    references (``var.expand``) are double-quoted with only ``$NAME``/``${NAME}`` left active.
     """
     value = _double_quote_expanding(var.value) if var.expand else shlex.quote(var.value)
     return f"export {var.name}={value}"

@@ -28,9 +28,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import IO
 
@@ -46,6 +47,9 @@ __all__ = [
     "become_subreaper",
     "check_core_binding_tool",
     "PidFile",
+    "check_master_port",
+    "pick_master_port",
+    "port_holder",
 ]
 
 log = logging.getLogger("dscore.launcher")
@@ -72,6 +76,10 @@ class ProcessSpec:
         stdin: ``"inherit"`` (the launcher's stdin), ``"devnull"``, or ``"pipe"`` (a pipe the launcher holds
             open and never writes: it closes when the launcher dies, however it dies - the ssh runner
             uses this so the remote node launcher notices).
+        watch: for a runner command whose output reports remote failures (pdsh): called with every
+            output line; a ``(code, cause)`` result means a remote rank failed - the job's exit code and
+            cause become these, and this process is stopped (its remote leftovers are then stopped by the
+            plan's clean-up commands). The output is piped through the launcher, line by line.
     """
 
     argv: list[str]
@@ -83,6 +91,7 @@ class ProcessSpec:
     log_path: str | None = None
     unset: tuple[str, ...] = ()
     stdin: str = "inherit"
+    watch: Callable[[str], tuple[int, str] | None] | None = field(default=None, repr=False, compare=False)
 
     def name(self) -> str:
         """The label, or ``"rank N"``."""
@@ -334,6 +343,9 @@ class _Supervisor:
         self.stopping = False
         self.exit_code = 0
         self.launcher_signal: int | None = None
+        self.failure = ""
+        self.reported: tuple[int, str] | None = None
+        self.readers: list[threading.Thread] = []
 
     # Signal handlers run in the main thread between bytecodes; os.waitpid is retried afterwards (PEP 475).
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -374,12 +386,13 @@ class _Supervisor:
             env.pop(name, None)
         env.update(spec.env)
         out: IO[bytes] | None = open(spec.log_path, "ab") if spec.log_path else None  # noqa: SIM115
+        piped = spec.watch is not None and out is None
         try:
             proc = subprocess.Popen(
                 spec.argv,
                 env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT if out else None,
+                stdout=subprocess.PIPE if piped else out,
+                stderr=subprocess.PIPE if piped else (subprocess.STDOUT if out else None),
                 stdin={"devnull": subprocess.DEVNULL, "pipe": subprocess.PIPE}.get(spec.stdin),
                 start_new_session=True,
                 preexec_fn=_die_with_launcher if sys.platform.startswith("linux") else None,  # noqa: PLW1509
@@ -391,7 +404,29 @@ class _Supervisor:
                 out.close()
         self.live[proc.pid] = (spec, proc)
         self.groups.append(proc.pid)
+        if piped:
+            for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+                reader = threading.Thread(target=self._relay, args=(spec, proc, stream, sink), daemon=True)
+                reader.start()
+                self.readers.append(reader)
         log.debug("started %s (pid %d): %s", spec.name(), proc.pid, spec.argv)
+
+    def _relay(self, spec: ProcessSpec, proc: subprocess.Popen[bytes], stream: IO[bytes], sink: IO[str]) -> None:
+        """Reader thread: copy ``stream`` to ``sink`` line by line and stop ``proc`` on a reported failure."""
+        assert spec.watch is not None
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            try:
+                sink.write(line)
+                sink.flush()
+            except (OSError, ValueError):
+                pass
+            hit = spec.watch(line.rstrip("\n"))
+            if hit is not None and self.reported is None and not self.stopping:
+                self.reported = hit
+                log.error("%s; stopping %s and the ranks on every node", hit[1], spec.name())
+                self._signal_groups(signal.SIGTERM, [proc.pid])
+        stream.close()
 
     def run(self) -> int:
         try:
@@ -415,8 +450,15 @@ class _Supervisor:
             code, how = _describe(status)
             proc.returncode = os.waitstatus_to_exitcode(status)
             self._signal_groups(signal.SIGKILL, [pid])  # leftovers of that rank's group
+            if self.reported is not None and not self.exit_code:
+                code, how = self.reported[0] or code or 1, self.reported[1]
+                self.exit_code = code
+                self.failure = how
+                self.stop(signal.SIGTERM)
+                continue
             if code != 0 and not self.stopping:
                 self.exit_code = code
+                self.failure = f"{spec.name()} (host {spec.host}) {how}"
                 log.error(
                     "%s (pid %d, host %s) %s; terminating the other %d process(es)",
                     spec.name(),
@@ -433,6 +475,8 @@ class _Supervisor:
         return self.exit_code
 
     def cleanup(self) -> None:
+        for reader in self.readers:
+            reader.join(timeout=5.0)
         signal.setitimer(signal.ITIMER_REAL, 0)
         self._signal_groups(signal.SIGKILL, self.groups)
         self._signal_groups(signal.SIGKILL, list(self.live))
@@ -458,7 +502,9 @@ class _Supervisor:
                     time.sleep(0.01)
 
 
-def supervise(specs: Sequence[ProcessSpec], *, grace_s: float = TERMINATE_GRACE_S) -> int:
+def supervise(
+    specs: Sequence[ProcessSpec], *, grace_s: float = TERMINATE_GRACE_S, failure: list[str] | None = None
+) -> int:
     """Start ``specs`` and wait for all of them; returns the job's exit code.
 
     Must run in the main thread of a process that owns no other children (it reaps with
@@ -468,6 +514,8 @@ def supervise(specs: Sequence[ProcessSpec], *, grace_s: float = TERMINATE_GRACE_
     Args:
         specs: processes to start, in order.
         grace_s: seconds from SIGTERM to SIGKILL when stopping.
+        failure: when given, the first failure's description (``"rank 1 (host h) exited with code 7"``)
+            is appended to it.
 
     Returns:
         0 when every process exited 0; else the first failing process's code (128+N for signal N), or
@@ -477,8 +525,115 @@ def supervise(specs: Sequence[ProcessSpec], *, grace_s: float = TERMINATE_GRACE_
     previous = {sig: signal.signal(sig, sup.on_signal) for sig in _FORWARDED}
     previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, sup.on_alarm)
     try:
-        return sup.run()
+        code = sup.run()
+        if failure is not None and sup.failure:
+            failure.append(sup.failure)
+        return code
     finally:
         sup.cleanup()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------- rendezvous port (single node)
+def _bind_error(port: int) -> OSError | None:
+    """None when a listening socket could take ``port`` on every interface now, else the bind error.
+
+    Rank 0's store listens on all interfaces (IPv6 dual-stack where available) with SO_REUSEADDR, so the
+    probe does the same: a port in TIME_WAIT counts as free, one another process listens on does not.
+    """
+    import socket
+
+    families = [(socket.AF_INET, "0.0.0.0")]
+    if socket.has_ipv6:
+        families.append((socket.AF_INET6, "::"))
+    for family, host in families:
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # family not configured on this machine
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+            sock.listen(1)
+        except OSError as exc:
+            if family == socket.AF_INET6 and exc.errno not in (98,):  # EADDRINUSE only; no IPv6 is fine
+                continue
+            return exc
+        finally:
+            sock.close()
+    return None
+
+
+def pick_master_port() -> int:
+    """A TCP port nothing listens on now (asked from the kernel), for a single-node run's rendezvous."""
+    import socket
+
+    for _ in range(20):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            port = int(sock.getsockname()[1])
+        if _bind_error(port) is None:
+            return port
+    raise LauncherError("could not find a free TCP port for the rendezvous; pass --master_port")
+
+
+def port_holder(port: int) -> str:
+    """``"pid 123 (python train.py)"`` for the process listening on TCP ``port``, or ``""`` when it cannot
+    be seen (another user's process, no /proc, psutil absent and /proc unreadable)."""
+    try:
+        import psutil  # optional (the launcher extra); /proc below otherwise
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                return f"pid {conn.pid} ({' '.join(' '.join(psutil.Process(conn.pid).cmdline()).split())[:120]})"
+    except Exception:  # noqa: BLE001 - psutil missing or not allowed: try /proc
+        pass
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh, None)
+                for line in fh:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(fields[9])
+        except OSError:
+            continue
+    if not inodes:
+        return ""
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    for pid in (d for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") in targets:
+                    with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                        cmd = " ".join(fh.read().replace(b"\0", b" ").decode(errors="replace").split())
+                    return f"pid {pid} ({cmd[:120]})"
+            except OSError:
+                continue
+    return ""
+
+
+def check_master_port(port: int) -> None:
+    """Fail before any rank starts when ``port`` (an explicit ``--master_port``) is taken on this node.
+
+    Raises:
+        LauncherError: naming the port, the process holding it when visible, and ``--master_port``.
+    """
+    if not 0 < port < 65536:
+        raise LauncherError(f"--master_port {port} is not a TCP port (1..65535)")
+    error = _bind_error(port)
+    if error is None:
+        return
+    holder = port_holder(port)
+    raise LauncherError(
+        f"--master_port {port} is already in use on this node"
+        + (f" by {holder}" if holder else "")
+        + f" ({error.strerror or error}); rank 0 could not listen there. Pass another --master_port, or leave "
+        "it out to let a single-node run pick a free port."
+    )

@@ -11,8 +11,21 @@ are stopped, so nothing survives a killed launcher).
 
 ``--mpi`` mode is used by the MPI-style runners (openmpi, mpich, mvapich, slurm): the process is one
 rank already started by ``mpirun``/``srun``. It maps the MPI/SLURM rank variables to ``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_SIZE`` (values already set win) and replaces itself with the
-training script (``exec``); like DeepSpeed no ``--local_rank`` argument is added.
+``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_SIZE`` (values already set win) and starts the training script
+as its one supervised child (forwarding SIGINT/SIGTERM/SIGHUP to it, exiting with its code); like
+DeepSpeed no ``--local_rank`` argument is added. It stays as the parent (instead of ``exec``) so that a
+failing rank is reported on one recognisable line: MPICH's hydra does not end a job whose non-MPI
+process exited non-zero, and ``srun`` reports the code of the ranks it terminated, so ``dscore run``
+watches for that line and stops the job with the failed rank's code. ``--expand_env NAME``
+(repeatable, in order) expands ``$NAME``/``${NAME}`` references in that variable from this node's
+environment first (the ``.deepspeed_env`` remote-expansion rule, see :mod:`dscore.launcher.envfile`).
+
+When a rank fails, the node launcher prints one line to stderr before exiting with the rank's code::
+
+    dscore.launcher.node: node <node_rank> failed: <rank N (host h) exited with code C> [exit code C]
+
+(``rank <R> failed`` in ``--mpi`` mode). The pdsh and MPI-style runners watch for it (pdsh prefixes it
+with the host) to stop the whole job at once.
 """
 
 from __future__ import annotations
@@ -22,16 +35,42 @@ import base64
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
 from collections.abc import Mapping, Sequence
 
 from dscore.errors import DscoreError, LauncherError
+from dscore.launcher.envfile import expand_references
 
-__all__ = ["encode_world_info", "decode_world_info", "mpi_rank_env", "main"]
+__all__ = ["encode_world_info", "decode_world_info", "mpi_rank_env", "main", "FAILURE_MARKER", "parse_failure_line"]
 
 log = logging.getLogger("dscore.launcher.node")
+
+#: Start of the line a node launcher prints when one of its ranks failed.
+FAILURE_MARKER = "dscore.launcher.node: node "
+_FAILURE_RE = re.compile(
+    r"^(?:(?P<host>[^\s:]+): )?dscore\.launcher\.node: (?P<unit>node|rank) (?P<node>\d+) failed: (?P<what>.*) "
+    r"\[exit code (?P<code>\d+)\]\s*$"
+)
+_PDSH_EXIT_RE = re.compile(r"^pdsh@[^:]*: (?P<host>[^\s:]+): ssh exited with exit code (?P<code>\d+)\s*$")
+
+
+def parse_failure_line(line: str) -> tuple[int, str] | None:
+    """``(exit code, cause)`` when ``line`` reports a failed node, else None.
+
+    Understands the node launcher's failure line (optionally prefixed ``host: `` by pdsh) and pdsh's own
+    ``pdsh@h: host: ssh exited with exit code N`` (a node launcher that died without a word).
+    """
+    match = _FAILURE_RE.match(line)
+    if match:
+        where = f" on {match.group('host')}" if match.group("host") else ""
+        return int(match.group("code")), f"{match.group('unit')} {match.group('node')}{where}: {match.group('what')}"
+    match = _PDSH_EXIT_RE.match(line)
+    if match and match.group("code") != "0":
+        return int(match.group("code")), f"the node launcher on {match.group('host')} exited with code {match.group('code')}"
+    return None
 
 #: (target variable, candidates in priority order) for ``--mpi`` mode.
 MPI_ENV_MAP: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -114,24 +153,42 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--visible_devices_env", action="append", default=[], help="may be repeated")
     p.add_argument("--stdin_watchdog", action="store_true")
     p.add_argument("--mpi", action="store_true")
+    p.add_argument("--expand_env", action="append", default=[], help="expand $NAME references in this variable")
     p.add_argument("training_script")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return p
 
 
-def _exec_mpi_rank(args: argparse.Namespace) -> int:
+def _run_mpi_rank(args: argparse.Namespace) -> int:
+    from dscore.launcher.local import ProcessSpec, supervise
+
     if args.module and args.no_python:
         raise LauncherError("--module and --no_python cannot be used together (a module needs python)")
     env = dict(os.environ)
-    env.update(mpi_rank_env(env))
-    env.setdefault("MASTER_ADDR", args.master_addr)
-    env.setdefault("MASTER_PORT", str(args.master_port))
+    extra = mpi_rank_env(env)
+    env.update(extra)
+    for name in args.expand_env:
+        if name in env:
+            extra[name] = env[name] = expand_references(env[name], env)
+    for name, value in (("MASTER_ADDR", args.master_addr), ("MASTER_PORT", str(args.master_port))):
+        if name not in env:
+            extra[name] = env[name] = value
     argv = [] if args.no_python else [sys.executable, "-u"] + (["-m"] if args.module else [])
     argv += [args.training_script, *args.training_script_args]
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execvpe(argv[0], argv, env)
-    return 127  # pragma: no cover - execvpe does not return
+    rank = int(extra["RANK"])
+    spec = ProcessSpec(argv=argv, env=extra, rank=rank, local_rank=int(extra["LOCAL_RANK"]), host=_hostname())
+    failure: list[str] = []
+    code = supervise([spec], failure=failure)
+    if code != 0 and failure:
+        print(f"{FAILURE_MARKER.replace('node ', 'rank ')}{rank} failed: {failure[0]} [exit code {code}]",
+              file=sys.stderr, flush=True)  # fmt: skip
+    return code
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def _watch_stdin() -> None:
@@ -152,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.mpi:
-            return _exec_mpi_rank(args)
+            return _run_mpi_rank(args)
         if args.world_info is None:
             raise LauncherError("--world_info is required (base64 JSON {host: [slots]})")
         world = decode_world_info(args.world_info)
@@ -184,7 +241,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         become_subreaper()
-        return supervise(specs)
+        failure: list[str] = []
+        code = supervise(specs, failure=failure)
+        if code != 0 and failure:
+            print(f"{FAILURE_MARKER}{args.node_rank} failed: {failure[0]} [exit code {code}]", file=sys.stderr, flush=True)
+        return code
     except DscoreError as exc:
         print(f"dscore.launcher.node: error: {exc}", file=sys.stderr)
         return 2

@@ -44,7 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--master_addr", default="", help="address of rank 0 (default: 127.0.0.1 locally, the first host otherwise)"
     )
-    g.add_argument("--master_port", type=int, default=29500, help="TCP port of rank 0 (default 29500)")
+    g.add_argument(
+        "--master_port",
+        type=int,
+        default=None,
+        help="TCP port of rank 0 (default: a free port for a single-node run, logged; 29500 across nodes). "
+        "An explicit port that is busy fails before any rank starts",
+    )
     g.add_argument("--node_rank", type=int, default=-1, help="this node's index in the hostfile (with --no_ssh)")
     g.add_argument(
         "--no_ssh", action="store_true", help="start only this node's ranks (run once per node, torchrun-like)"
@@ -65,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--launcher_args", default="", help="extra arguments for the backend command (shell-split)")
     g.add_argument("--force_multi", action="store_true", help="use the multi-node backend even for one host")
     g.add_argument("--ssh_port", type=int, default=None, help="ssh port for pdsh/ssh")
-    g.add_argument("--venv_script", default=None, help="script sourced on every host before launching (pdsh/ssh)")
+    g.add_argument("--venv_script", default=None, help="script sourced on every node before the ranks start (every runner but impi)")
     g = parser.add_argument_group("processes")
     g.add_argument("--module", action="store_true", help="run user_script as a module (python -m)")
     g.add_argument("--no_python", action="store_true", help="run user_script directly, not through python")

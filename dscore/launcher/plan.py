@@ -38,10 +38,12 @@ from dscore.launcher.local import (
     become_subreaper,
     build_rank_processes,
     check_core_binding_tool,
+    check_master_port,
+    pick_master_port,
     supervise,
 )
 from dscore.launcher.resources import WorldInfo, select_resources
-from dscore.launcher.runners import RUNNERS, Runner, RunnerContext, get_runner
+from dscore.launcher.runners import RUNNERS, Runner, RunnerContext, check_program, get_runner
 
 __all__ = ["Plan", "build_plan", "dumps", "execute", "format_plan"]
 
@@ -203,8 +205,9 @@ def build_plan(
     elif args.node_rank >= 0:
         raise LauncherError(f"--node_rank {args.node_rank} is only used with --no_ssh; add --no_ssh or drop it")
 
+    master_port = _master_port(args, local=not multi and not args.no_ssh)
     common = dict(
-        master_port=args.master_port,
+        master_port=master_port,
         script=args.user_script,
         script_args=list(args.user_args),
         module=args.module,
@@ -231,7 +234,7 @@ def build_plan(
             runner="no_ssh" if args.no_ssh else "local",
             world_info=world,
             master_addr=master,
-            master_port=args.master_port,
+            master_port=master_port,
             processes=procs,
             commands=procs,
             accelerator=accel.name,
@@ -249,7 +252,7 @@ def build_plan(
         world_info=world,
         hosts=host_entries,
         master_addr=master,
-        master_port=args.master_port,
+        master_port=master_port,
         script=args.user_script,
         script_args=list(args.user_args),
         python=sys.executable,
@@ -274,14 +277,32 @@ def build_plan(
         runner=runner.name,
         world_info=world,
         master_addr=master,
-        master_port=args.master_port,
+        master_port=master_port,
         processes=runner.processes(ctx),
         commands=runner.commands(ctx),
         cleanup=runner.cleanup_commands(ctx),
-        binary=runner.binary,
+        binary=runner.program(),
         accelerator=accel.name,
         save_pid=args.save_pid,
     )
+
+
+#: DeepSpeed's rendezvous port, used across nodes when --master_port is not given.
+DEFAULT_MASTER_PORT = 29500
+
+
+def _master_port(args: argparse.Namespace, *, local: bool) -> int:
+    """The rendezvous port: a single-node run without ``--master_port`` gets a free one (logged), an
+    explicit one is checked to be free (single node: this node hosts rank 0); across nodes 29500."""
+    if args.master_port is None:
+        if not local:
+            return DEFAULT_MASTER_PORT
+        port = pick_master_port()
+        log.info("--master_port not given: using free port %d for the rendezvous", port)
+        return port
+    if local:
+        check_master_port(int(args.master_port))
+    return int(args.master_port)
 
 
 def execute(plan: Plan) -> int:
@@ -294,22 +315,32 @@ def execute(plan: Plan) -> int:
         LauncherError: the runner's executable (or numactl for core binding) is not installed, or the pid
             file exists.
     """
-    if plan.binary and shutil.which(plan.binary) is None:
-        raise LauncherError(
-            f"--launcher {plan.runner} needs {plan.binary!r}, which is not on PATH; install it or choose another "
-            f"launcher ({', '.join(RUNNERS)}), or --no_ssh on each node"
-        )
+    if plan.binary:
+        if plan.runner in RUNNERS:
+            where = check_program(get_runner(plan.runner), plan.binary)
+            log.info("--launcher %s: starting the job with %s", plan.runner, where)
+        elif shutil.which(plan.binary) is None:
+            raise LauncherError(
+                f"--launcher {plan.runner} needs {plan.binary!r}, which is not on PATH; install it or choose another "
+                f"launcher ({', '.join(RUNNERS)}), or --no_ssh on each node"
+            )
     check_core_binding_tool(plan.commands)
     become_subreaper()
+    failure: list[str] = []
     if plan.save_pid:
         with PidFile():
-            code = supervise(plan.commands)
+            code = supervise(plan.commands, failure=failure)
     else:
-        code = supervise(plan.commands)
+        code = supervise(plan.commands, failure=failure)
     if code != 0:
         for argv in plan.cleanup:
             log.info("stopping leftovers on the remote hosts: %s", shlex.join(argv))
-            subprocess.run(argv, check=False, stdin=subprocess.DEVNULL)
+            try:
+                subprocess.run(argv, check=False, stdin=subprocess.DEVNULL, timeout=60)
+            except (OSError, subprocess.SubprocessError) as exc:
+                log.error("clean-up command failed (%s): %s", exc, shlex.join(argv))
+        if failure and plan.runner not in ("local", "no_ssh"):
+            log.error("job failed: %s; dscore run exits with %d", failure[0], code)
     return code
 
 

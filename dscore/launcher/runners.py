@@ -12,11 +12,36 @@ for slurm, through srun's own environment); ranks read their rank from the MPI v
 ``python -m dscore.launcher.node --mpi`` (``impi`` sets ``RANK``/``LOCAL_RANK`` explicitly per rank). They
 place ranks by count, so they accept host-level include/exclude/--num_nodes but reject filters that pick
 particular slots, and (except openmpi) uneven slot counts. ``user@host`` entries need an ssh-based runner.
+
+Which program: Debian-like systems install Open MPI and MPICH side by side, and plain ``mpirun`` is
+whichever the alternatives system picked. So each MPI runner looks for its own flavour's program first
+(openmpi: ``mpirun.openmpi``, ``mpiexec.openmpi``, ``orterun``; mpich: ``mpiexec.hydra``,
+``mpirun.mpich``, ``mpiexec.mpich``) and falls back to ``mpirun``, whose ``--version`` must then name the
+right flavour (checked before anything starts, see :func:`check_program`). The program used is logged.
+
+``--ssh_port``: pdsh (``PDSH_SSH_ARGS_APPEND``, for the job and its clean-up), ssh (``-p``), openmpi
+(``--mca plm_rsh_args "-p N"``, how mpirun starts its daemons), the hydra-based mpirun of mpich, impi and
+mvapich (``HYDRA_LAUNCHER_EXTRA_ARGS``); slurm refuses it (srun does not use ssh).
+
+Failure and clean-up: ``pdsh -S`` only returns after every node's command ended, so the pdsh runner
+watches pdsh's output for a node launcher's failure line (:func:`dscore.launcher.node.parse_failure_line`)
+or pdsh's ``ssh exited with exit code N``; on the first one it stops pdsh and runs the clean-up command
+(``pkill`` of this job's node launchers on every host, through pdsh with the same rcmd type and
+``--ssh_port``), and ``dscore run`` exits with the failed rank's code. The ssh runner stops the other
+hosts' ssh connections, which ends their node launchers (stdin watchdog). The MPI-style runners
+(except impi) watch ``mpirun``/``srun`` output for the per-rank entry's failure line the same way, and
+stop the job with the failed rank's code: Open MPI's ``mpirun`` would end the job itself, but MPICH's
+hydra waits for every non-MPI process and ``srun`` reports the code of the ranks it terminated.
+``srun`` also gets ``--kill-on-bad-exit=1`` unless ``--launcher_args`` sets it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import shlex
+import shutil
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -24,10 +49,14 @@ from dscore.errors import LauncherError
 from dscore.launcher.envfile import EnvVar, shell_export
 from dscore.launcher.hostfile import Host
 from dscore.launcher.local import ProcessSpec, build_rank_processes
-from dscore.launcher.node import encode_world_info
+from dscore.launcher.node import encode_world_info, parse_failure_line
 from dscore.launcher.resources import WorldInfo
 
-__all__ = ["RunnerContext", "Runner", "RUNNERS", "get_runner", "NODE_MODULE"]
+__all__ = ["RunnerContext", "Runner", "RUNNERS", "get_runner", "NODE_MODULE", "check_program"]
+
+log = logging.getLogger("dscore.launcher")
+
+_which = shutil.which  # indirection so plan tests can pretend no MPI program is installed
 
 #: The per-node launcher module started on every host.
 NODE_MODULE = "dscore.launcher.node"
@@ -100,8 +129,20 @@ class Runner:
 
     name = ""
     binary = ""
+    #: programs tried in order; the first on PATH is used (the last is the generic fallback).
+    programs: tuple[str, ...] = ()
+    #: text that ``<generic program> --version`` must contain for this flavour ("" = no check).
+    flavour_marker = ""
     uses_shell = False
     passes_local_rank = False
+
+    def program(self) -> str:
+        """The executable this runner starts: the first of :attr:`programs` on ``PATH``, else the last."""
+        candidates = self.programs or (self.binary,)
+        for name in candidates:
+            if _which(name):
+                return name
+        return candidates[-1]
 
     def validate(self, ctx: RunnerContext) -> None:
         """Reject inputs the backend cannot honour.
@@ -110,13 +151,6 @@ class Runner:
             LauncherError: naming the option and value and what the runner accepts.
         """
         if not self.uses_shell:
-            expand = [v.name for v in ctx.exports if v.expand]
-            if expand:
-                raise LauncherError(
-                    f"--launcher {self.name}: exported variable(s) {', '.join(expand)} use the "
-                    "'@expand:' remote-expansion form, which needs a remote shell; use --launcher pdsh or ssh, "
-                    "or write the value literally"
-                )
             users = [ctx.hosts[h].target for h in ctx.world_info if h in ctx.hosts and ctx.hosts[h].user]
             if users:
                 raise LauncherError(
@@ -173,8 +207,11 @@ class Runner:
         return next(iter(counts.values()))
 
     def _mpi_rank_argv(self, ctx: RunnerContext) -> list[str]:
-        argv = [ctx.python, "-u", "-m", NODE_MODULE, "--mpi", f"--master_addr={ctx.master_addr}"]
+        # --venv_script: sourced by a POSIX shell on the node right before the rank (no remote shell here)
+        argv = ["/bin/sh", "-c", '. "$0" && exec "$@"', ctx.venv_script] if ctx.venv_script else []
+        argv += [ctx.python, "-u", "-m", NODE_MODULE, "--mpi", f"--master_addr={ctx.master_addr}"]
         argv += [f"--master_port={ctx.master_port}"]
+        argv += [f"--expand_env={v.name}" for v in ctx.exports if v.expand]
         argv += ["--module"] * ctx.module + ["--no_python"] * ctx.no_python
         return argv + [ctx.script, *ctx.script_args]
 
@@ -210,8 +247,11 @@ class PDSHRunner(Runner):
     """``pdsh -S -f 1024 -w h1,h2 <launcher_args> '<exports; cd; node launcher --node_rank=%n ...>'``.
 
     ``-S`` makes pdsh exit with the largest remote exit status; ``%n`` is pdsh's node rank. Environment:
-    ``PDSH_RCMD_TYPE=ssh`` and ``--ssh_port`` appended to ``PDSH_SSH_ARGS_APPEND``. After an interrupted or
-    failed job, ``pkill -f`` of this job's node launcher runs on every host (DeepSpeed does the same).
+    ``PDSH_RCMD_TYPE=ssh`` and ``--ssh_port`` appended to ``PDSH_SSH_ARGS_APPEND``. pdsh's output is
+    watched for a failed node (see the module docstring). After an interrupted or failed job,
+    ``pkill -f`` of this job's node launchers runs on every host (DeepSpeed does the same) through pdsh
+    with the same environment; the pattern starts with ``[d]`` so it never matches the clean-up command
+    itself (which would kill it on a host that is also the launching host).
     """
 
     name = "pdsh"
@@ -219,22 +259,30 @@ class PDSHRunner(Runner):
     uses_shell = True
     passes_local_rank = True
 
-    def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
-        """One pdsh command for all hosts."""
-        import os
-
+    @staticmethod
+    def _env(ctx: RunnerContext) -> dict[str, str]:
         env = {"PDSH_RCMD_TYPE": "ssh"}
         if ctx.ssh_port:
             env["PDSH_SSH_ARGS_APPEND"] = (os.environ.get("PDSH_SSH_ARGS_APPEND", "") + f" -p {ctx.ssh_port}").strip()
+        return env
+
+    def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
+        """One pdsh command for all hosts."""
         targets = ",".join(ctx.target(h) for h in ctx.world_info)
         argv = ["pdsh", "-S", "-f", "1024", "-w", targets, *ctx.launcher_args, self.remote_shell_command(ctx, "%n")]
-        return [ProcessSpec(argv=argv, env=env, host=",".join(ctx.world_info), label="pdsh")]
+        return [
+            ProcessSpec(
+                argv=argv, env=self._env(ctx), host=",".join(ctx.world_info), label="pdsh", watch=parse_failure_line
+            )
+        ]
 
     def cleanup_commands(self, ctx: RunnerContext) -> list[list[str]]:
-        """``pdsh ... pkill -f 'dscore.launcher.node --world_info=<this job>'`` on every host."""
+        """``env PDSH_RCMD_TYPE=ssh [PDSH_SSH_ARGS_APPEND=-p PORT] pdsh ... pkill -f '[d]score.launcher.node
+        --world_info=<this job>'`` on every host (same rcmd, port and ``--launcher_args`` as the job)."""
         targets = ",".join(ctx.target(h) for h in ctx.world_info)
-        pattern = f"{NODE_MODULE} --world_info={encode_world_info(ctx.world_info)}"
-        return [["pdsh", "-f", "1024", "-w", targets, f"pkill -f {shlex.quote(pattern)}"]]
+        pattern = f"[{NODE_MODULE[0]}]{NODE_MODULE[1:]} --world_info={encode_world_info(ctx.world_info)}"
+        env = [f"{k}={v}" for k, v in self._env(ctx).items()]
+        return [["env", *env, "pdsh", "-f", "1024", "-w", targets, *ctx.launcher_args, f"pkill -f {shlex.quote(pattern)}"]]
 
 
 class SSHRunner(Runner):
@@ -275,19 +323,23 @@ class OpenMPIRunner(Runner):
 
     name = "openmpi"
     binary = "mpirun"
+    programs = ("mpirun.openmpi", "mpiexec.openmpi", "orterun", "mpirun")
+    flavour_marker = "Open MPI|OpenRTE"
 
     def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
         """One mpirun command."""
         hosts = ",".join(f"{h}:{len(s)}" for h, s in ctx.world_info.items())
-        argv = ["mpirun", "-n", str(ctx.world_size), "--host", hosts, "--mca", "btl", "^openib"]
+        argv = [self.program(), "-n", str(ctx.world_size), "--host", hosts, "--mca", "btl", "^openib"]
         if "btl_tcp_if_include" not in " ".join(ctx.launcher_args):
             argv += ["--mca", "btl_tcp_if_include", "eth0"]
         argv += ctx.launcher_args
+        if ctx.ssh_port and "plm_rsh_args" not in " ".join(ctx.launcher_args):
+            argv += ["--mca", "plm_rsh_args", f"-p {ctx.ssh_port}"]  # how mpirun starts its daemons
         argv += ["-x", "UCX_TLS=tcp"]
         for var in ctx.exports:
             argv += ["-x", f"{var.name}={var.value}"]
         argv += self._mpi_rank_argv(ctx)
-        return [ProcessSpec(argv=argv, env={}, host=",".join(ctx.world_info), label="mpirun (openmpi)")]
+        return [ProcessSpec(argv=argv, env={}, host=",".join(ctx.world_info), label="mpirun (openmpi)", watch=parse_failure_line)]
 
 
 class MPICHRunner(Runner):
@@ -295,16 +347,26 @@ class MPICHRunner(Runner):
 
     name = "mpich"
     binary = "mpirun"
+    programs = ("mpiexec.hydra", "mpirun.mpich", "mpiexec.mpich", "mpirun")
+    flavour_marker = "HYDRA"
 
     def validate(self, ctx: RunnerContext) -> None:
         """Also requires equal slot counts (DeepSpeed: "MPICH requires same number of devices per node")."""
         super().validate(ctx)
         self._uniform_slots(ctx)
 
+    @staticmethod
+    def _hydra_env(ctx: RunnerContext) -> dict[str, str]:
+        """``--ssh_port`` for hydra-based ``mpirun``s: extra arguments of the ssh launcher."""
+        if not ctx.ssh_port:
+            return {}
+        extra = (os.environ.get("HYDRA_LAUNCHER_EXTRA_ARGS", "") + f" -p {ctx.ssh_port}").strip()
+        return {"HYDRA_LAUNCHER_EXTRA_ARGS": extra}
+
     def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
         """One mpirun command."""
         per_node = self._uniform_slots(ctx)
-        argv = ["mpirun", "-n", str(ctx.world_size), "-ppn", str(per_node), *ctx.launcher_args]
+        argv = [self.program(), "-n", str(ctx.world_size), "-ppn", str(per_node), *ctx.launcher_args]
         for var in ctx.exports:
             argv += ["-genv", var.name, var.value]
         for name, value in (
@@ -315,7 +377,12 @@ class MPICHRunner(Runner):
         ):
             argv += ["-genv", name, value]
         argv += ["-hosts", ",".join(ctx.world_info), *self._mpi_rank_argv(ctx)]
-        return [ProcessSpec(argv=argv, env={}, host=",".join(ctx.world_info), label="mpirun (mpich)")]
+        return [
+            ProcessSpec(
+                argv=argv, env=self._hydra_env(ctx), host=",".join(ctx.world_info), label="mpirun (mpich)",
+                watch=parse_failure_line,
+            )
+        ]
 
 
 class IMPIRunner(MPICHRunner):
@@ -323,6 +390,24 @@ class IMPIRunner(MPICHRunner):
     -n 1 -env RANK 0 -env LOCAL_RANK 0 python -u script args : -n 1 -env RANK 1 ...``; equal slots."""
 
     name = "impi"
+    programs = ("mpirun",)
+    flavour_marker = "Intel"
+
+    def validate(self, ctx: RunnerContext) -> None:
+        """Also rejects ``$NAME`` references: the MPMD form starts the script without dscore's node entry."""
+        super().validate(ctx)
+        if ctx.venv_script:
+            raise LauncherError(
+                "--launcher impi starts the script directly (MPMD form), so --venv_script cannot be sourced on the "
+                "nodes; activate the environment before dscore run (Intel MPI passes it on) or use another launcher"
+            )
+        expand = [v.name for v in ctx.exports if v.expand]
+        if expand:
+            raise LauncherError(
+                f"--launcher impi: exported variable(s) {', '.join(expand)} contain $NAME references, which "
+                "impi cannot expand on the nodes (it starts the script directly); write the value literally or "
+                "use another launcher"
+            )
 
     def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
         """One mpirun command with one MPMD section per rank."""
@@ -345,7 +430,7 @@ class IMPIRunner(MPICHRunner):
                 argv.append(":")
             argv += ["-n", "1", "-env", "RANK", str(rank), "-env", "LOCAL_RANK", str(rank % per_node)]
             argv += [*user, ctx.script, *ctx.script_args]
-        return [ProcessSpec(argv=argv, env={}, host=",".join(ctx.world_info), label="mpirun (impi)")]
+        return [ProcessSpec(argv=argv, env=self._hydra_env(ctx), host=",".join(ctx.world_info), label="mpirun (impi)")]
 
 
 class MVAPICHRunner(MPICHRunner):
@@ -356,6 +441,8 @@ class MVAPICHRunner(MPICHRunner):
     """
 
     name = "mvapich"
+    programs = ("mpirun",)
+    flavour_marker = ""
 
     def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
         """One mpirun command."""
@@ -368,7 +455,12 @@ class MVAPICHRunner(MPICHRunner):
         for name, value in defaults + [(v.name, v.value) for v in ctx.exports]:
             argv += ["-env", name, value]
         argv += self._mpi_rank_argv(ctx)
-        return [ProcessSpec(argv=argv, env={}, host=",".join(ctx.world_info), label="mpirun (mvapich)")]
+        return [
+            ProcessSpec(
+                argv=argv, env=self._hydra_env(ctx), host=",".join(ctx.world_info), label="mpirun (mvapich)",
+                watch=parse_failure_line,
+            )
+        ]
 
 
 class SlurmRunner(MPICHRunner):
@@ -381,22 +473,74 @@ class SlurmRunner(MPICHRunner):
 
     name = "slurm"
     binary = "srun"
+    programs = ("srun",)
+    flavour_marker = ""
+
+    def validate(self, ctx: RunnerContext) -> None:
+        """Also refuses ``--ssh_port`` (srun reaches the nodes through slurmd, not ssh)."""
+        super().validate(ctx)
+        if ctx.ssh_port:
+            raise LauncherError(
+                f"--launcher slurm does not use ssh (srun starts the ranks through slurmd), so --ssh_port "
+                f"{ctx.ssh_port} cannot apply; drop it"
+            )
 
     def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
         """One srun command."""
         per_node = self._uniform_slots(ctx)
         argv = ["srun", "-n", str(ctx.world_size), *ctx.launcher_args, "--nodelist", ",".join(ctx.world_info)]
         argv += ["--nodes", str(len(ctx.world_info)), "--ntasks-per-node", str(per_node), "--export=ALL"]
+        if not any(a.startswith(("--kill-on-bad-exit", "-K")) for a in ctx.launcher_args):
+            argv.append("--kill-on-bad-exit=1")  # a failed rank ends the step (srun's default lets others run on)
         argv += self._mpi_rank_argv(ctx)
         env = {v.name: v.value for v in ctx.exports}
         env.update({"MASTER_ADDR": ctx.master_addr, "MASTER_PORT": str(ctx.master_port)})
-        return [ProcessSpec(argv=argv, env=env, host=",".join(ctx.world_info), label="srun (slurm)")]
+        return [ProcessSpec(argv=argv, env=env, host=",".join(ctx.world_info), label="srun (slurm)", watch=parse_failure_line)]
 
 
 #: name -> runner class, in the order ``--launcher`` lists them.
 RUNNERS: dict[str, type[Runner]] = {
     r.name: r for r in (PDSHRunner, SSHRunner, OpenMPIRunner, MPICHRunner, IMPIRunner, MVAPICHRunner, SlurmRunner)
 }
+
+
+def check_program(runner: Runner, program: str) -> str:
+    """Check that ``program`` exists and, for a generic name, is the runner's MPI flavour.
+
+    Returns:
+        A description for the log (``"/usr/bin/mpirun.openmpi (Open MPI 4.1.4)"``).
+
+    Raises:
+        LauncherError: not on ``PATH``, or ``mpirun --version`` names another flavour.
+    """
+    import re
+
+    path = shutil.which(program)
+    if path is None:
+        tried = ", ".join(runner.programs or (program,))
+        what = f"one of {tried}, none of which is" if len(runner.programs) > 1 else f"{program!r}, which is not"
+        raise LauncherError(
+            f"--launcher {runner.name} needs {what} on PATH; install it or choose another launcher "
+            f"({', '.join(RUNNERS)}), or --no_ssh on each node"
+        )
+    if not runner.flavour_marker:
+        return path
+    try:
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=30, check=False, stdin=subprocess.DEVNULL
+        )
+        version = (out.stdout + out.stderr).strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        version = f"<{program} --version failed: {exc}>"
+    if not re.search(runner.flavour_marker, version):
+        first = version.splitlines()[0] if version else "(no output)"
+        raise LauncherError(
+            f"--launcher {runner.name}: {path} is not {runner.name} ({program} --version says {first!r}) and none of "
+            f"{', '.join(runner.programs[:-1])} is on PATH; install {runner.name} or choose the launcher matching "
+            "your mpirun"
+        )
+    first = version.splitlines()[0] if version else ""
+    return f"{path} ({first})" if first else path
 
 
 def get_runner(name: str) -> Runner:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dscore.errors import LauncherError
-from dscore.launcher.envfile import EnvVar, collect_exports, parse_env_file, shell_export
+from dscore.launcher.envfile import EnvVar, collect_exports, expand_references, parse_env_file, shell_export
 
 
 def test_prefixes_pythonpath_and_files_in_order(tmp_path: Path) -> None:
@@ -89,3 +89,32 @@ def test_expand_marker_is_parsed(tmp_path: Path) -> None:
         ("LD_LIBRARY_PATH", "/opt:${LD_LIBRARY_PATH}", True),
         ("PLAIN", "@x", False),
     ]
+
+
+def test_file_values_with_references_expand_on_the_node_and_nothing_else(tmp_path: Path) -> None:
+    """The .deepspeed_env rule: $NAME/${NAME} expand remotely (no marker needed); the rest stays literal,
+    and the shell form (pdsh/ssh) and the shell-free form (MPI runners' node entry) give the same value."""
+    marker = tmp_path / "pwned"
+    path = tmp_path / "env"
+    lines = {
+        "LD_LIBRARY_PATH": "/opt/efa/lib:$LD_LIBRARY_PATH",
+        "BRACED": "${BASE}/x y",
+        "INJECT": f"a; touch {marker}",
+        "SUBST": f"$(touch {marker})`touch {marker}`$BASE",
+        "QUOTES": "\"q\" 'p' \\ ${BASE:-d} $ $1",
+        "PLAIN": "no refs; $(x)",
+        "EQ": "k=v=w",
+    }
+    path.write_text("".join(f"{k}={v}\n" for k, v in lines.items()))
+    got = parse_env_file(str(path))
+    assert {v.name: v.expand for v in got} == {
+        "LD_LIBRARY_PATH": True, "BRACED": True, "INJECT": False, "SUBST": True, "QUOTES": False, "PLAIN": False,
+        "EQ": False}  # fmt: skip
+    remote = {"LD_LIBRARY_PATH": "/usr/lib", "BASE": "/b"}
+    expected = [
+        "/opt/efa/lib:/usr/lib", "/b/x y", f"a; touch {marker}", f"$(touch {marker})`touch {marker}`/b",
+        "\"q\" 'p' \\ ${BASE:-d} $ $1", "no refs; $(x)", "k=v=w"]  # fmt: skip
+    assert _remote_shell(got, list(lines), remote) == expected
+    assert [expand_references(v.value, remote) if v.expand else v.value for v in got] == expected
+    assert expand_references("$UNSET:${UNSET}:x", {}) == "::x"
+    assert not marker.exists()

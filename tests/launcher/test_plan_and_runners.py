@@ -37,6 +37,16 @@ def hostfile(tmp_path: Path) -> str:
     return str(path)
 
 
+@pytest.fixture(autouse=True)
+def _no_mpi_programs(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    """Plans name the generic program (``mpirun``) whatever this machine has installed; the per-flavour
+    lookup is tested in :func:`test_mpi_program_lookup` with a PATH of its own."""
+    if request.node.name != "test_mpi_program_lookup":
+        import dscore.launcher.runners as runners
+
+        monkeypatch.setattr(runners, "_which", lambda name: None)
+
+
 def plan(*argv: str, accel: AcceleratorLaunchInfo = CUDA, environ: dict[str, str] | None = None, cwd: str = "/proj"):
     return build_plan(parse(*argv), environ=environ or {}, cwd=cwd, accel=accel)
 
@@ -187,7 +197,14 @@ def test_pdsh_command(hostfile: str) -> None:
         "export NCCL_DEBUG=INFO; export UCX_TLS=rc; export PYTHONPATH=/proj; cd /proj; "
         + shlex.join(node_tail(world, "%n") + ["train.py", "a b", "--x=1"])
     )
-    assert p.cleanup and p.cleanup[0][-1].startswith("pkill -f ")
+    cleanup = p.cleanup[0]
+    # same rcmd type and ssh port as the job (the clean-up used to ignore --ssh_port), and a pattern that
+    # cannot match the clean-up command itself
+    assert cleanup[:3] == ["env", "PDSH_RCMD_TYPE=ssh", "PDSH_SSH_ARGS_APPEND=-p 2222"]
+    assert cleanup[3:8] == ["pdsh", "-f", "1024", "-w", "worker-0,worker-1"]
+    assert cleanup[-3:-1] == ["-R", "ssh"]
+    assert cleanup[-1] == f"pkill -f '[d]score.launcher.node --world_info={encode_world_info(world)}'"
+    assert cmd.watch is not None
     assert [(q.host, q.rank, q.local_rank) for q in p.processes] == [
         ("worker-0", 0, 0),
         ("worker-0", 1, 1),
@@ -223,6 +240,8 @@ def test_openmpi_command(hostfile: str) -> None:
     ]  # fmt: skip
     own = multi("openmpi", hostfile, "--launcher_args", "--mca btl_tcp_if_include ib0").commands[0].argv
     assert own.count("btl_tcp_if_include") == 1 and "ib0" in own
+    port = multi("openmpi", hostfile, "--ssh_port", "2222").commands[0].argv
+    assert port[port.index("plm_rsh_args") - 1 : port.index("plm_rsh_args") + 2] == ["--mca", "plm_rsh_args", "-p 2222"]
     assert all(q.argv == [PY, "-u", "train.py", "a b", "--x=1"] for q in p.processes)  # no --local_rank
 
 
@@ -235,6 +254,15 @@ def test_mpich_command(hostfile: str) -> None:
         PY, "-u", "-m", "dscore.launcher.node", "--mpi", "--master_addr=10.0.0.1", "--master_port=29500",
         "train.py", "a b", "--x=1",
     ]  # fmt: skip
+
+
+def test_ssh_port_for_hydra_and_slurm(hostfile: str) -> None:
+    """--ssh_port is never silently ignored: hydra-based mpiruns get it as ssh launcher arguments, slurm refuses."""
+    for runner in ("mpich", "impi", "mvapich"):
+        (cmd,) = multi(runner, hostfile, "--ssh_port", "2222", environ={}).commands
+        assert cmd.env == {"HYDRA_LAUNCHER_EXTRA_ARGS": "-p 2222"}, runner
+    with pytest.raises(LauncherError, match="--launcher slurm does not use ssh .* --ssh_port 2222"):
+        multi("slurm", hostfile, "--ssh_port", "2222")
 
 
 def test_impi_command(hostfile: str) -> None:
@@ -286,8 +314,8 @@ def test_slurm_command(hostfile: str) -> None:
     (cmd,) = multi(
         "slurm", hostfile, "--launcher_args", "--comment x", environ={"NCCL_A": "--opt=1,--mode=fast"}
     ).commands
-    assert cmd.argv[:12] == ["srun", "-n", "4", "--comment", "x", "--nodelist", "worker-0,worker-1", "--nodes", "2",
-                             "--ntasks-per-node", "2", "--export=ALL"]  # fmt: skip
+    assert cmd.argv[:13] == ["srun", "-n", "4", "--comment", "x", "--nodelist", "worker-0,worker-1", "--nodes", "2",
+                             "--ntasks-per-node", "2", "--export=ALL", "--kill-on-bad-exit=1"]  # fmt: skip
     assert cmd.env == {
         "NCCL_A": "--opt=1,--mode=fast",
         "PYTHONPATH": "/proj",
@@ -313,16 +341,51 @@ def test_uniform_runners_reject_uneven_hosts(tmp_path: Path, runner: str) -> Non
 
 
 @pytest.mark.parametrize("runner", ["openmpi", "mpich", "impi", "mvapich", "slurm"])
-def test_mpi_style_runners_reject_user_hosts_and_expand_form(tmp_path: Path, runner: str) -> None:
+def test_mpi_style_runners_reject_user_hosts_and_expand_on_the_node(tmp_path: Path, runner: str) -> None:
     hf = tmp_path / "hf"
     hf.write_text("u@a slots=1\nb slots=1\n")
     with pytest.raises(LauncherError, match="need an ssh-based runner"):
         multi(runner, str(hf))
     hf.write_text("a slots=1\nb slots=1\n")
     env_file = tmp_path / "env"
-    env_file.write_text("LD_LIBRARY_PATH=@expand:/x:$LD_LIBRARY_PATH\n")
-    with pytest.raises(LauncherError, match="needs a remote shell"):
-        multi(runner, str(hf), environ={"DS_ENV_FILE": str(env_file)})
+    env_file.write_text("LD_LIBRARY_PATH=/x:$LD_LIBRARY_PATH\nOTHER=@expand:${HOME}/y\nPLAIN=$(no)\n")
+    environ = {"DS_ENV_FILE": str(env_file)}
+    if runner == "impi":  # starts the script directly: nothing on the node could expand the reference
+        with pytest.raises(LauncherError, match="LD_LIBRARY_PATH, OTHER contain \\$NAME references"):
+            multi(runner, str(hf), environ=environ)
+        return
+    (cmd,) = multi(runner, str(hf), environ=environ).commands
+    # the node entry expands the references on the node, in file order; $(no) is no reference
+    flags = [a for a in cmd.argv if a.startswith("--expand_env")]
+    assert flags == ["--expand_env=LD_LIBRARY_PATH", "--expand_env=OTHER"]
+
+
+def test_mpi_program_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Open MPI and MPICH installed side by side: each runner picks its own flavour's program."""
+    from dscore.launcher.runners import check_program, get_runner
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+
+    def fake(name: str, version: str) -> None:
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\necho '{version}'\n")
+        path.chmod(0o755)
+
+    monkeypatch.setenv("PATH", str(bin_dir))
+    fake("mpirun", "mpirun (Open MPI) 4.1.4")
+    assert get_runner("openmpi").program() == "mpirun"
+    assert "(Open MPI) 4.1.4" in check_program(get_runner("openmpi"), "mpirun")
+    with pytest.raises(LauncherError, match=r"--launcher mpich: .*mpirun is not mpich .*Open MPI"):
+        check_program(get_runner("mpich"), "mpirun")
+    fake("mpirun.openmpi", "mpirun.openmpi (Open MPI) 4.1.4")
+    fake("mpiexec.hydra", "HYDRA build details:")
+    assert get_runner("openmpi").program() == "mpirun.openmpi"
+    assert get_runner("mpich").program() == "mpiexec.hydra"
+    assert check_program(get_runner("mpich"), "mpiexec.hydra").endswith("(HYDRA build details:)")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(LauncherError, match="needs one of mpiexec.hydra, mpirun.mpich, mpiexec.mpich, mpirun, none of which"):
+        check_program(get_runner("mpich"), "mpirun")
 
 
 def test_every_runner_is_covered() -> None:
