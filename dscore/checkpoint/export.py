@@ -1,5 +1,8 @@
 """Consolidated weights from a checkpoint without a process group (DeepSpeed's ``zero_to_fp32`` job).
 
+A DeepSpeed save directory is recognised and consolidated from its ZeRO shards directly (streamed one
+shard at a time; see :mod:`dscore.checkpoint.deepspeed`).
+
 Because :func:`dscore.checkpoint.save_checkpoint` stores full (gathered) tensors, consolidation is a read:
 the fp32 weight of a parameter is the optimizer's fp32 master copy when the ZeRO stage keeps one
 (``fp32_params`` in the optimizer state: fp16/bf16 training), otherwise the module's own tensor cast to
@@ -45,7 +48,7 @@ def get_fp32_state_dict_from_checkpoint(
     """The full model state dict of a checkpoint with floating-point tensors in fp32 (on CPU).
 
     Args:
-        checkpoint_dir: the directory given to ``save_checkpoint``.
+        checkpoint_dir: the directory given to ``save_checkpoint`` (dscore's or DeepSpeed's).
         tag: the tag; None reads ``latest``.
 
     Raises:
@@ -53,6 +56,10 @@ def get_fp32_state_dict_from_checkpoint(
         CheckpointError: the checkpoint is incomplete or malformed.
     """
     checkpoint_dir = os.path.abspath(os.fspath(checkpoint_dir))
+    from dscore.checkpoint import deepspeed as ds
+
+    if ds.is_deepspeed_checkpoint(checkpoint_dir, tag):
+        return ds.get_fp32_state_dict_from_deepspeed(checkpoint_dir, tag)
     tag_dir = _tag_dir(checkpoint_dir, tag, "dscore checkpoint export")
     module, _ = read_tensor_file(os.path.join(tag_dir, L.MODEL_FILE))
     masters: dict[str, Any] = {}
@@ -103,6 +110,10 @@ def convert_checkpoint(
     """
     if dtype not in DTYPES:
         raise CheckpointError(f"unknown export dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    from dscore.checkpoint import deepspeed as ds
+
+    if ds.is_deepspeed_checkpoint(os.fspath(checkpoint_dir), tag):  # streamed, one shard at a time
+        return ds.export_fp32(checkpoint_dir, output, tag=tag, dtype=dtype)
     state = get_fp32_state_dict_from_checkpoint(checkpoint_dir, tag)
     target = DTYPES[dtype]
     state = {k: (v.to(target) if v.is_floating_point() else v) for k, v in state.items()}

@@ -4,8 +4,15 @@
   safetensors file of the full model (fp32 master weights when the run kept them), without a process
   group: DeepSpeed's ``zero_to_fp32.py`` job. ``OUT`` is a file path, or a directory that then receives
   ``model.safetensors``.
+* ``dscore checkpoint export DS_DIR --fp32 OUT [--tag T]``: the same from a **DeepSpeed** save directory
+  (any ZeRO stage and world size), streaming one shard at a time (``zero_to_fp32`` without DeepSpeed).
+  ``--fp32 OUT`` is accepted for dscore directories too (same as ``OUT --dtype fp32``).
+* ``dscore checkpoint import DS_DIR OUT_DIR [--tag T]``: convert a DeepSpeed checkpoint once into dscore's
+  pickle-free format (``OUT_DIR/<tag>``, ``OUT_DIR/latest``), streaming one shard at a time; DeepSpeed's
+  pickles are read with a restricted unpickler (see :mod:`dscore.checkpoint.deepspeed`).
 * ``dscore checkpoint list CKPT_DIR [--json]``: the tags, whether each is complete, which one ``latest``
-  names, world size, ZeRO stage, step and size in bytes.
+  names, world size, ZeRO stage, step and size in bytes (a DeepSpeed directory: its latest tag's stage,
+  world size and files).
 
 Torch is imported only when a command runs.
 """
@@ -20,7 +27,7 @@ __all__ = ["add_arguments", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Sub-actions ``export`` and ``list``."""
+    """Sub-actions ``export``, ``import`` and ``list``."""
     sub = parser.add_subparsers(dest="action", required=True)
     exp = sub.add_parser(
         "export",
@@ -28,14 +35,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         allow_abbrev=False,
     )
     exp.add_argument("checkpoint_dir", metavar="CKPT_DIR", help="the directory given to save_checkpoint")
-    exp.add_argument("output", metavar="OUT", help="output .safetensors file (or a directory for model.safetensors)")
+    exp.add_argument(
+        "output", metavar="OUT", nargs="?", default=None,
+        help="output .safetensors file (or a directory for model.safetensors)",
+    )
     exp.add_argument("--tag", "-t", default=None, help="tag to export (default: the one named by CKPT_DIR/latest)")
     exp.add_argument(
         "--dtype",
         choices=("fp32", "bf16", "fp16"),
-        default="fp32",
+        default=None,
         help="dtype of floating-point tensors (default fp32)",
     )
+    exp.add_argument(
+        "--fp32", metavar="OUT", dest="fp32_output", default=None,
+        help="write the fp32 consolidated weights to OUT (DeepSpeed's zero_to_fp32; also for DeepSpeed directories)",
+    )
+    imp = sub.add_parser(
+        "import",
+        help="convert a DeepSpeed checkpoint into dscore's pickle-free format (streamed, any stage/world size)",
+        allow_abbrev=False,
+    )
+    imp.add_argument("ds_dir", metavar="DS_DIR", help="the directory given to DeepSpeed's save_checkpoint")
+    imp.add_argument("out_dir", metavar="OUT_DIR", help="the dscore save directory to write (OUT_DIR/<tag>, OUT_DIR/latest)")
+    imp.add_argument("--tag", "-t", default=None, help="DeepSpeed tag to import (default: DS_DIR/latest)")
     lst = sub.add_parser("list", help="list the tags of a checkpoint directory", allow_abbrev=False)
     lst.add_argument("checkpoint_dir", metavar="CKPT_DIR", help="the directory given to save_checkpoint")
     lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -54,11 +76,45 @@ def _size_text(nbytes: int | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen action; errors surface as :class:`~dscore.errors.CheckpointError` (exit code 2)."""
-    if args.action == "export":
-        from dscore.checkpoint.export import convert_checkpoint
+    from dscore.errors import CheckpointError
 
-        path = convert_checkpoint(args.checkpoint_dir, args.output, tag=args.tag, dtype=args.dtype)
+    if args.action == "import":
+        from dscore.checkpoint.deepspeed import import_checkpoint, is_deepspeed_checkpoint
+
+        if not is_deepspeed_checkpoint(args.ds_dir, args.tag):
+            raise CheckpointError(
+                f"{args.ds_dir} is not a DeepSpeed save directory (no latest tag holding mp_rank_00_model_states.pt / "
+                "zero_pp_rank_<r>_mp_rank_00_*_states.pt files); `dscore checkpoint import` converts DeepSpeed "
+                "checkpoints (dscore checkpoints need no import)"
+            )
+        print(import_checkpoint(args.ds_dir, args.out_dir, tag=args.tag))
+        return 0
+    if args.action == "export":
+        if args.fp32_output is not None and args.output is not None:
+            raise CheckpointError("give the output once: either OUT or --fp32 OUT")
+        if args.fp32_output is not None and args.dtype not in (None, "fp32"):
+            raise CheckpointError(f"--fp32 writes fp32 weights; it cannot be combined with --dtype {args.dtype}")
+        output = args.fp32_output if args.fp32_output is not None else args.output
+        if output is None:
+            raise CheckpointError("name the output file: `dscore checkpoint export CKPT_DIR OUT` or `--fp32 OUT`")
+        from dscore.checkpoint.export import convert_checkpoint  # recognises DeepSpeed directories too
+
+        path = convert_checkpoint(args.checkpoint_dir, output, tag=args.tag, dtype=args.dtype or "fp32")
         print(path)
+        return 0
+    from dscore.checkpoint.deepspeed import DeepSpeedCheckpoint, is_deepspeed_checkpoint
+
+    if is_deepspeed_checkpoint(args.checkpoint_dir):
+        ds_info = DeepSpeedCheckpoint(args.checkpoint_dir).describe()
+        if args.json:
+            json.dump(ds_info, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+            return 0
+        print(
+            f"{ds_info['dir']}  (DeepSpeed {ds_info['ds_version'] or '?'} checkpoint, latest: {ds_info['tag']})\n"
+            f"  {ds_info['tag']:<24} zero={ds_info['zero_stage']} ranks={ds_info['world_size']} "
+            f"step={ds_info['global_steps']} params={ds_info['parameters']} files={', '.join(ds_info['files'])}"
+        )
         return 0
     from dscore.checkpoint.export import describe_checkpoints
 

@@ -1,0 +1,799 @@
+"""Recognising a DeepSpeed save directory and working out where every parameter's bytes are.
+
+A DeepSpeed 0.19.8 save directory (``engine.save_checkpoint(save_dir)``)::
+
+    <save_dir>/latest                                         text: the newest tag
+    <save_dir>/<tag>/mp_rank_00_model_states.pt               stages 0-2: module, counters, scheduler,
+                                                              client_state keys; stage 0: the optimizer
+    <save_dir>/<tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt   stage 3: one per rank (placeholders
+                                                              for the partitioned parameters)
+    <save_dir>/<tag>/[bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt  stages 1-3 (and bf16 stage 0
+                                                              in some versions): rank r's partition of
+                                                              the fp32 master weights and moments
+
+How each layout stores a parameter (facts from DeepSpeed's files and its ``zero_to_fp32`` script):
+
+* **ZeRO 1/2** (and ``BF16_Optimizer``): per parameter group, one flat fp32 vector split evenly over the
+  ranks (``single_partition_of_fp32_groups[g]``); ``param_slice_mappings[g]`` gives, per rank, each
+  parameter's ``(start, numel)`` inside that rank's partition; moments have the partition's layout.
+* **ZeRO 3**: every parameter is split on its own into ``ceil(numel / world_size)``-element slices (the
+  last rank's padded); rank r's ``fp32_flat_groups[i]`` concatenates its slices of the parameters of
+  sub-group i in ``param_shapes`` order.
+* **Stage 0**: the optimizer's own ``state_dict`` in the model file: either torch-style (state by
+  parameter index, fp32 module weights are the masters) or FP16_Optimizer-style (``fp32_groups_flat``:
+  one flat master vector per group over the group's parameters in module order).
+
+Every layout is reduced to :class:`Piece` lists (one contiguous run of a parameter's flattened elements
+inside one flat source tensor of one file), so assembling full tensors (engine load) and streaming them
+into a file (import/export) share one description, validated before anything is read in bulk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from dscore.checkpoint.deepspeed._unpickle import DSFragment, DSLossScaler, safe_load
+from dscore.errors import CheckpointError, CheckpointNotFoundError
+
+__all__ = [
+    "DeepSpeedCheckpoint",
+    "resolve_deepspeed_tag",
+    "Piece",
+    "Shard",
+    "find_deepspeed_files",
+    "is_deepspeed_checkpoint",
+    "looks_like_deepspeed_tag_dir",
+]
+
+_MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+_Z3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+_OPTIM_RE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_PIPE_RE = re.compile(r"^layer_\d+-model_\d+-model_states\.pt$|^layer_\d+-model_states\.pt$")
+_MOE_RE = re.compile(r"(^|_)expp?_rank_\d+|(^|_)expert_\d+")
+
+#: Keys DeepSpeed's engine writes into the model-states file; every other top-level key is the user's
+#: ``client_state`` (DeepSpeed merges the two dicts).
+DEEPSPEED_ENGINE_KEYS = frozenset(
+    {
+        "module",
+        "buffer_names",
+        "optimizer",
+        "param_shapes",
+        "frozen_param_shapes",
+        "shared_params",
+        "frozen_param_fragments",
+        "lr_scheduler",
+        "data_sampler",
+        "random_ltd",
+        "sparse_tensor_module_names",
+        "skipped_steps",
+        "global_steps",
+        "global_samples",
+        "dp_world_size",
+        "mp_world_size",
+        "checkpoint_parallel_dimensions",
+        "ds_config",
+        "ds_version",
+        "universal_checkpoint_info",
+        "num_experts",
+    }
+)
+
+
+def find_deepspeed_files(tag_dir: str) -> list[str]:
+    """Names in ``tag_dir`` that DeepSpeed writes (model/optimizer states, pipeline layers); [] if none."""
+    try:
+        names = os.listdir(tag_dir)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return []
+    return sorted(
+        n
+        for n in names
+        if _MODEL_RE.match(n)
+        or _Z3_MODEL_RE.match(n)
+        or _OPTIM_RE.match(n)
+        or _PIPE_RE.match(n)
+        or (n.endswith("model_states.pt") or n.endswith("optim_states.pt"))
+    )
+
+
+def looks_like_deepspeed_tag_dir(path: str) -> bool:
+    """True when ``path`` is a directory holding DeepSpeed checkpoint files (a tag directory)."""
+    return os.path.isdir(path) and bool(find_deepspeed_files(path))
+
+
+def is_deepspeed_checkpoint(save_dir: str, tag: str | None = None) -> bool:
+    """Whether ``save_dir`` is a DeepSpeed save directory (not a dscore one).
+
+    True when the tag (given, or named by ``latest`` / ``latest_universal``) or, without those, any
+    sub-directory holds DeepSpeed-named files (``*model_states.pt`` / ``*optim_states.pt``) and no dscore
+    ``_COMPLETE`` manifest. Reads only directory listings and the ``latest`` files.
+    """
+    if not os.path.isdir(save_dir):
+        return False
+    candidates: list[str] = []
+    if tag is not None:
+        candidates.append(str(tag))
+    for marker in ("latest", "latest_universal"):
+        try:
+            with open(os.path.join(save_dir, marker), encoding="utf-8") as f:
+                candidates.append(f.read().strip())
+        except (OSError, UnicodeDecodeError):
+            pass
+    if not candidates:
+        try:
+            candidates = [n for n in os.listdir(save_dir) if not n.startswith(".")]
+        except OSError:
+            return False
+    for name in candidates:
+        if not name or "/" in name or name in (".", ".."):
+            continue
+        path = os.path.join(save_dir, name)
+        if os.path.exists(os.path.join(path, "_COMPLETE")):
+            return False
+        if looks_like_deepspeed_tag_dir(path) or os.path.isdir(os.path.join(path, "zero")):
+            return True
+        if tag is not None:
+            return False
+    return False
+
+
+def resolve_deepspeed_tag(
+    save_dir: str, tag: str | None, *, universal: bool = False, missing_ok: bool = False
+) -> str | None:
+    """The tag to load from a DeepSpeed save directory (DeepSpeed's rules, with clear errors).
+
+    ``tag`` None reads ``latest`` (``latest_universal`` with ``universal``, as DeepSpeed's
+    ``checkpoint.load_universal``).
+
+    Returns:
+        The tag; None only with ``missing_ok`` when there is no ``latest`` file (nothing to resume).
+
+    Raises:
+        CheckpointNotFoundError: no such directory or tag; no ``latest_universal`` with ``universal``; no
+            ``latest`` without ``missing_ok``.
+        CheckpointError: ``save_dir`` is a file or a tag directory; an empty ``latest``; a universal
+            (``ds_to_universal``) tag, which dscore does not need.
+    """
+    d = os.path.abspath(save_dir)
+    if not os.path.exists(d):
+        raise CheckpointNotFoundError(f"checkpoint directory {d} does not exist")
+    if not os.path.isdir(d):
+        raise CheckpointError(f"{d} is a file; pass the directory given to DeepSpeed's save_checkpoint")
+    if looks_like_deepspeed_tag_dir(d):
+        parent, name = os.path.split(d)
+        raise CheckpointError(
+            f"{d} is a DeepSpeed checkpoint tag directory, not a save directory; use "
+            f"load_checkpoint({parent!r}, tag={name!r})"
+        )
+    if tag is None:
+        marker = "latest_universal" if universal else "latest"
+        path = os.path.join(d, marker)
+        try:
+            with open(path, encoding="utf-8") as f:
+                tag = f.read().strip()
+        except FileNotFoundError:
+            tags = sorted(n for n in os.listdir(d) if looks_like_deepspeed_tag_dir(os.path.join(d, n)))
+            if universal:
+                raise CheckpointNotFoundError(
+                    f'"checkpoint": {{"load_universal": true}} reads the tag from {path}, which does not exist '
+                    f"(DeepSpeed tags here: {', '.join(tags) or 'none'}). dscore loads DeepSpeed ZeRO checkpoints "
+                    "at any world size and stage directly: set checkpoint.load_universal to false, or pass tag=..."
+                ) from None
+            if missing_ok:
+                return None
+            raise CheckpointNotFoundError(
+                f"{d} has no '{marker}' file; pass tag=... (DeepSpeed tags here: {', '.join(tags) or 'none'})"
+            ) from None
+        if not tag:
+            raise CheckpointError(f"{path} is empty; pass tag=...")
+    tag = str(tag)
+    if "/" in tag or tag in (".", "..") or "\0" in tag:
+        raise CheckpointError(f"invalid checkpoint tag {tag!r}: a tag is one directory name")
+    tag_dir = os.path.join(d, tag)
+    if not os.path.isdir(tag_dir):
+        tags = sorted(n for n in os.listdir(d) if looks_like_deepspeed_tag_dir(os.path.join(d, n)))
+        raise CheckpointNotFoundError(
+            f"checkpoint tag {tag!r} does not exist in {d} (DeepSpeed tags here: {', '.join(tags) or 'none'})"
+        )
+    if os.path.isdir(os.path.join(tag_dir, "zero")):
+        raise CheckpointError(
+            f"{tag_dir} is a DeepSpeed universal checkpoint (ds_to_universal output, a 'zero/' folder); dscore reads "
+            "the original ZeRO checkpoint at any world size and stage instead: load that directory with "
+            "checkpoint.load_universal false"
+        )
+    return tag
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A run of ``numel`` elements of parameter ``name``'s flattened value, elements ``[dst, dst+numel)``,
+    stored at ``[src, src+numel)`` of flat source ``slot`` (a group or sub-group index) of one shard."""
+
+    name: str
+    slot: int
+    src: int
+    dst: int
+    numel: int
+
+
+@dataclass
+class Shard:
+    """One file holding flat fp32 masters and optimizer moments, and how to read them.
+
+    ``kind``: ``"zero12"`` (``single_partition_of_fp32_groups``), ``"zero3"`` (``fp32_flat_groups``),
+    ``"flat0"`` (stage-0 ``fp32_groups_flat``), ``"torch0"`` (stage-0 torch-style, one slot per param).
+    """
+
+    path: str
+    rank: int
+    kind: str
+    pieces: list[Piece] = field(default_factory=list)
+
+
+@dataclass
+class ParamInfo:
+    """A trainable parameter: its (first) module name, full shape and optimizer group index."""
+
+    name: str
+    shape: tuple[int, ...]
+    group: int
+
+    @property
+    def numel(self) -> int:
+        return int(math.prod(self.shape))
+
+
+def _bad(path: str, what: str) -> CheckpointError:
+    return CheckpointError(f"{path}: {what}; this does not look like a DeepSpeed 0.19-style checkpoint dscore can read")
+
+
+def _optimizer_sd(obj: Any, path: str) -> dict[str, Any]:
+    if not isinstance(obj, dict) or not isinstance(obj.get("optimizer_state_dict"), dict):
+        raise _bad(path, "no 'optimizer_state_dict' dict")
+    return obj["optimizer_state_dict"]
+
+
+def _base_groups(osd: dict[str, Any], path: str) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]] | None]:
+    """``(moment state per slot, param_groups or None)`` of ``base_optimizer_state`` (dict or elastic list)."""
+    base = osd.get("base_optimizer_state", osd.get("optimizer_state_dict"))
+    if isinstance(base, dict):
+        state = base.get("state", {})
+        groups = base.get("param_groups")
+        if not isinstance(state, dict):
+            raise _bad(path, "base_optimizer_state['state'] is not a dict")
+        return {int(k): v for k, v in state.items()}, groups if isinstance(groups, list) else None
+    if isinstance(base, list):  # elastic checkpoint: one state dict per group
+        return {i: s for i, s in enumerate(base)}, None
+    if base is None:
+        return {}, None
+    raise _bad(path, f"base_optimizer_state is a {type(base).__name__}")
+
+
+def scaler_state(osd: dict[str, Any]) -> dict[str, Any] | None:
+    """DeepSpeed's loss-scaler state in dscore's ``LossScaler.state_dict()`` form, or None.
+
+    ZeRO files hold a ``LossScaler``/``DynamicLossScaler`` object under ``loss_scaler``; stage-0
+    FP16_Optimizer files hold ``dynamic_loss_scale``/``cur_scale``/``cur_iter``/``last_overflow_iter``.
+    """
+    obj = osd.get("loss_scaler")
+    if isinstance(obj, DSLossScaler):
+        d = obj.as_dict()
+        dynamic = bool(d.get("dynamic", False))
+        out: dict[str, Any] = {"dynamic": dynamic, "cur_scale": float(d.get("cur_scale", 1.0))}
+        if dynamic:
+            out.update(
+                cur_iter=int(d.get("cur_iter", 0)),
+                last_overflow_iter=int(d.get("last_overflow_iter", -1)),
+                cur_hysteresis=int(d.get("cur_hysteresis", d.get("delayed_shift", 1))),
+            )
+        return out
+    if "cur_scale" in osd:
+        dynamic = bool(osd.get("dynamic_loss_scale", False))
+        out = {"dynamic": dynamic, "cur_scale": float(osd["cur_scale"])}
+        if dynamic:
+            last = osd.get("last_overflow_iter", -1)
+            out.update(cur_iter=int(osd.get("cur_iter", 0)), last_overflow_iter=int(-1 if last is None else last))
+        return out
+    return None
+
+
+class DeepSpeedCheckpoint:
+    """One tag of a DeepSpeed save directory, parsed and validated (metadata only; tensors stay on disk).
+
+    Args:
+        save_dir: the directory given to DeepSpeed's ``save_checkpoint``.
+        tag: the tag directory name; None reads ``latest`` (``latest_universal`` with ``universal``).
+        universal: resolve through ``latest_universal`` (DeepSpeed's ``checkpoint.load_universal``).
+
+    Attributes:
+        tag, tag_dir, stage (0-3), world_size (data-parallel ranks at save), params (trainable
+        :class:`ParamInfo` in optimizer order), module_keys, buffer_names, shared (alias -> source name),
+        shards (:class:`Shard` per file with pieces), group_hypers (per group, or None), counters,
+        lr_scheduler, loss_scaler (dscore form), client_state, ds_config, model_file.
+
+    Raises:
+        CheckpointNotFoundError: the directory, tag or a shard file is missing (named).
+        CheckpointError: an unknown layout (pipeline/tensor/expert parallel, mp_rank_01, universal), a world
+            size that cannot be worked out, shards that disagree, or a file that cannot be read safely.
+    """
+
+    def __init__(self, save_dir: str | os.PathLike[str], tag: str | None = None, *, universal: bool = False) -> None:
+        self.save_dir = os.path.abspath(os.fspath(save_dir))
+        resolved = resolve_deepspeed_tag(self.save_dir, tag, universal=universal)
+        assert resolved is not None
+        self.tag = resolved
+        self.tag_dir = os.path.join(self.save_dir, self.tag)
+        self._scan()
+        self._parse()
+
+    # ------------------------------------------------------------------------------------ files
+    def _scan(self) -> None:
+        names = sorted(os.listdir(self.tag_dir))
+        td = self.tag_dir
+        pipe = [n for n in names if _PIPE_RE.match(n)]
+        if pipe:
+            raise CheckpointError(
+                f"{td} holds pipeline-parallel layer files ({', '.join(pipe[:4])}{' ...' if len(pipe) > 4 else ''}); "
+                "dscore reads data-parallel (ZeRO) DeepSpeed checkpoints only"
+            )
+        moe = [n for n in names if _MOE_RE.search(n) and n.endswith(".pt")]
+        if moe:
+            raise CheckpointError(
+                f"{td} holds expert-parallel (MoE) files ({', '.join(moe[:4])}); dscore reads data-parallel (ZeRO) "
+                "DeepSpeed checkpoints only"
+            )
+        model0 = [n for n in names if _MODEL_RE.match(n)]
+        z3model = [n for n in names if _Z3_MODEL_RE.match(n)]
+        optim = [n for n in names if _OPTIM_RE.match(n)]
+        mp = sorted(
+            {int(m.group(1)) for n in model0 if (m := _MODEL_RE.match(n))}
+            | {int(m.group(2)) for n in z3model if (m := _Z3_MODEL_RE.match(n))}
+            | {int(m.group(3)) for n in optim if (m := _OPTIM_RE.match(n))}
+        )
+        if mp and mp != [0]:
+            others = [n for n in names if re.search(r"mp_rank_(?!00_)\d+", n)]
+            raise CheckpointError(
+                f"{td} holds tensor/model-parallel files ({', '.join(others[:4])}): model-parallel ranks {mp}; "
+                "dscore reads data-parallel (ZeRO) DeepSpeed checkpoints only (mp_rank_00)"
+            )
+        if not model0 and not z3model:
+            found = ", ".join(names[:8]) or "nothing"
+            raise CheckpointNotFoundError(
+                f"{td} has no DeepSpeed model-states file (mp_rank_00_model_states.pt or "
+                f"zero_pp_rank_<r>_mp_rank_00_model_states.pt); it holds: {found}"
+            )
+        by_rank: dict[int, str] = {}
+        for n in optim:
+            m = _OPTIM_RE.match(n)
+            assert m is not None
+            r = int(m.group(2))
+            if r in by_rank:
+                raise CheckpointError(
+                    f"{td} holds two optimizer-state files for rank {r} ({by_rank[r]} and {n}); remove the stale one"
+                )
+            by_rank[r] = n
+        self.optim_files = by_rank
+        self.z3_model_files = {int(m.group(1)): n for n in z3model if (m := _Z3_MODEL_RE.match(n))}
+        self.model_file = os.path.join(td, model0[0] if model0 else self.z3_model_files.get(0, z3model[0]))
+
+    def _rank_files(self, files: dict[int, str], ws: int, what: str, pattern: str) -> list[str]:
+        missing = [pattern.format(r=r) for r in range(ws) if r not in files]
+        extra = [files[r] for r in sorted(files) if r >= ws]
+        if missing:
+            raise CheckpointNotFoundError(
+                f"DeepSpeed checkpoint {self.tag_dir} was saved by {ws} rank(s) but is missing {what} "
+                f"{', '.join(missing)}; every rank's file is needed"
+            )
+        if extra:
+            raise CheckpointError(
+                f"DeepSpeed checkpoint {self.tag_dir} records {ws} rank(s) but also holds {', '.join(extra)}; "
+                "the files come from different saves"
+            )
+        return [os.path.join(self.tag_dir, files[r]) for r in range(ws)]
+
+    # ------------------------------------------------------------------------------------ parse
+    def _parse(self) -> None:
+        ms = safe_load(self.model_file)
+        if not isinstance(ms, dict) or "module" not in ms:
+            raise _bad(self.model_file, "no 'module' entry")
+        self.model_state = ms
+        path = self.model_file
+        dims = ms.get("checkpoint_parallel_dimensions") or {}
+        if isinstance(dims, dict) and any(int(dims.get(k, 1) or 1) > 1 for k in ("pp_degree", "tp_degree")):
+            raise CheckpointError(
+                f"{path} was saved with pipeline/tensor parallelism ({dims}); dscore reads data-parallel (ZeRO) "
+                "DeepSpeed checkpoints only"
+            )
+        if int(ms.get("mp_world_size", 1) or 1) != 1:
+            raise CheckpointError(
+                f"{path} records mp_world_size={ms['mp_world_size']}; dscore reads data-parallel (ZeRO) DeepSpeed "
+                "checkpoints only"
+            )
+        module = ms["module"]
+        if not isinstance(module, dict):
+            raise _bad(path, f"'module' is a {type(module).__name__}, expected a state dict")
+        self.module = module
+        self.module_keys = list(module.keys())
+        self.buffer_names = [str(b) for b in (ms.get("buffer_names") or [])]
+        self.shared: dict[str, str] = {str(k): str(v) for k, v in (ms.get("shared_params") or {}).items()}
+        self.ds_config = ms.get("ds_config") if isinstance(ms.get("ds_config"), dict) else {}
+        self.client_state = {k: v for k, v in ms.items() if k not in DEEPSPEED_ENGINE_KEYS}
+        self.counters = {
+            "global_steps": int(ms.get("global_steps", 0) or 0),
+            "global_samples": int(ms.get("global_samples", 0) or 0),
+            "skipped_steps": int(ms.get("skipped_steps", 0) or 0),
+        }
+        self.lr_scheduler = ms.get("lr_scheduler")
+        self.data_sampler = ms.get("data_sampler")
+        ws_saved = ms.get("dp_world_size")
+        if self.optim_files or self.z3_model_files:
+            counts = len(self.optim_files) if self.optim_files else len(self.z3_model_files)
+            if ws_saved is None:
+                ranks = sorted(self.optim_files or self.z3_model_files)
+                if ranks != list(range(len(ranks))):
+                    files = sorted((self.optim_files or self.z3_model_files).values())
+                    raise CheckpointError(
+                        f"cannot work out the world size of DeepSpeed checkpoint {self.tag_dir}: {path} has no "
+                        f"dp_world_size and the rank files present ({', '.join(files)}) are not ranks 0..N-1"
+                    )
+                ws_saved = counts
+        self.world_size = int(ws_saved or 1)
+        if self.world_size < 1:
+            raise CheckpointError(f"{path} records dp_world_size={ws_saved}; expected a positive integer")
+        self.group_hypers: list[dict[str, Any]] | None = None
+        self.loss_scaler: dict[str, Any] | None = None
+        self.shards: list[Shard] = []
+        self.params: list[ParamInfo] = []
+        self.frozen_pieces: list[Shard] = []
+        self.frozen_shapes: dict[str, tuple[int, ...]] = {}
+        self.has_optimizer = True
+        self.slot_steps: dict[tuple[int, int], Any] = {}
+        if self.z3_model_files:
+            self.stage = 3
+            self._parse_zero3()
+        elif self.optim_files:
+            self._parse_zero12()
+        elif isinstance(ms.get("optimizer"), dict):
+            self.stage = 0
+            self._parse_stage0(ms["optimizer"])
+        else:
+            self.stage = int((self.ds_config.get("zero_optimization") or {}).get("stage", 0) or 0)
+            if self.stage:
+                raise CheckpointNotFoundError(
+                    f"DeepSpeed checkpoint {self.tag_dir} was saved with ZeRO stage {self.stage} (ds_config) but holds "
+                    "no zero_pp_rank_<r>_mp_rank_00_optim_states.pt files"
+                )
+            self.has_optimizer = False
+            self._params_from_module(None)
+        self._check_pieces()
+
+    def _module_param_names(self) -> list[str]:
+        """Parameter names of the module state dict in order, tied duplicates (shared storage) dropped."""
+        import torch
+
+        seen: set[tuple[int, int, tuple[int, ...]]] = set()
+        out = []
+        buffers = set(self.buffer_names)
+        for k, v in self.module.items():
+            if k in buffers or not isinstance(v, torch.Tensor):
+                continue
+            if k in self.shared:
+                continue
+            key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape)) if v.numel() else (id(v), 0, ())
+            if key in seen:
+                self.shared.setdefault(k, next(n for n in out if self._key_of(n) == key))
+                continue
+            seen.add(key)
+            out.append(k)
+        return out
+
+    def _key_of(self, name: str) -> tuple[int, int, tuple[int, ...]]:
+        v = self.module[name]
+        return (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape)) if v.numel() else (id(v), 0, ())
+
+    def _params_from_module(self, groups_of: list[int] | None) -> None:
+        names = self._module_param_names()
+        self.params = [
+            ParamInfo(n, tuple(self.module[n].shape), 0 if groups_of is None else groups_of[i])
+            for i, n in enumerate(names)
+        ]
+
+    # stage 0 ------------------------------------------------------------------------------------
+    def _parse_stage0(self, opt: dict[str, Any]) -> None:
+        import torch
+
+        path = self.model_file
+        self.loss_scaler = scaler_state(opt)
+        names = self._module_param_names()
+        shard = Shard(path, 0, "torch0")
+        if "fp32_groups_flat" in opt or "fp32_groups" in opt:
+            inner = opt.get("optimizer_state_dict")
+            if not isinstance(inner, dict):
+                raise _bad(path, "the stage-0 optimizer has no 'optimizer_state_dict'")
+            self.group_hypers = inner.get("param_groups")
+            if "fp32_groups_flat" in opt:
+                flats = opt["fp32_groups_flat"]
+                shard.kind = "flat0"
+                i = 0
+                for g, flat in enumerate(flats):
+                    if not isinstance(flat, torch.Tensor):
+                        raise _bad(path, f"fp32_groups_flat[{g}] is not a tensor")
+                    off = 0
+                    while off < flat.numel() and i < len(names):
+                        n = names[i]
+                        shape = tuple(self.module[n].shape)
+                        numel = int(math.prod(shape))
+                        self.params.append(ParamInfo(n, shape, g))
+                        shard.pieces.append(Piece(n, g, off, 0, numel))
+                        off += numel
+                        i += 1
+                    if off != flat.numel():
+                        raise CheckpointError(
+                            f"{path}: fp32_groups_flat[{g}] holds {flat.numel()} elements but the module's parameters "
+                            f"in order give {off}; the parameter groups are not contiguous in module order, which "
+                            "dscore cannot map back to names for a stage-0 checkpoint"
+                        )
+                if i != len(names):
+                    raise CheckpointError(
+                        f"{path}: fp32_groups_flat covers {i} of the module's {len(names)} parameters "
+                        f"(first not covered: {names[i]!r}); frozen parameters in a stage-0 fp16/bf16 checkpoint are "
+                        "not supported"
+                    )
+            else:  # FP16_UnfusedOptimizer: per-parameter fp32 masters
+                shard.kind = "torch0"
+                i = 0
+                for g, group in enumerate(opt["fp32_groups"]):
+                    for t in group:
+                        if i >= len(names) or tuple(t.shape) != tuple(self.module[names[i]].shape):
+                            raise CheckpointError(f"{path}: fp32_groups do not follow the module's parameter order")
+                        self.params.append(ParamInfo(names[i], tuple(t.shape), g))
+                        shard.pieces.append(Piece(names[i], i, 0, 0, t.numel()))
+                        i += 1
+            self.shards = [shard]
+            self._stage0_inner = inner
+            return
+        # torch-style optimizer state dict: state and params by index in param_groups order
+        groups = opt.get("param_groups")
+        if not isinstance(groups, list):
+            raise _bad(path, "the stage-0 optimizer state has no 'param_groups' list")
+        self.group_hypers = groups
+        index_group: dict[int, int] = {}
+        for g, grp in enumerate(groups):
+            for idx in grp.get("params", []):
+                index_group[int(idx)] = g
+        order = sorted(index_group)
+        if order != list(range(len(order))) or len(order) != len(names):
+            raise CheckpointError(
+                f"{path}: the optimizer has {len(order)} parameter(s) but the module {len(names)}; dscore maps "
+                "stage-0 optimizer entries to module parameters in order and cannot here (frozen parameters?)"
+            )
+        state = opt.get("state", {})
+        for i, n in enumerate(names):
+            shape = tuple(self.module[n].shape)
+            for k, v in (state.get(i) or {}).items():
+                if isinstance(v, torch.Tensor) and v.dim() > 0 and tuple(v.shape) != shape:
+                    raise CheckpointError(
+                        f"{path}: optimizer state {k!r} of parameter #{i} has shape {tuple(v.shape)} but module "
+                        f"parameter {n!r} (#{i} in order) has {shape}; parameter groups not in module order"
+                    )
+            self.params.append(ParamInfo(n, shape, index_group[i]))
+            shard.pieces.append(Piece(n, i, 0, 0, int(math.prod(shape))))
+        self.shards = [shard]
+        self._stage0_inner = opt
+
+    # ZeRO 1/2 -----------------------------------------------------------------------------------
+    def _parse_zero12(self) -> None:
+        import torch
+
+        ms = self.model_state
+        files = self._rank_files(
+            self.optim_files,
+            self.world_size,
+            "optimizer-state file(s)",
+            "[bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt",
+        )
+        shapes = ms.get("param_shapes")
+        if not isinstance(shapes, list) or not shapes:
+            raise _bad(self.model_file, "a ZeRO checkpoint without 'param_shapes'")
+        order: list[ParamInfo] = []
+        for g, grp in enumerate(shapes):
+            for n, s in grp.items():
+                order.append(ParamInfo(str(n), tuple(int(x) for x in s), g))
+        self.params = order
+        by_name = {p.name: p for p in order}
+        filled: dict[str, int] = {}
+        stage = None
+        for r, fpath in enumerate(files):
+            osd = _optimizer_sd(safe_load(fpath), fpath)
+            stage_r = osd.get("zero_stage")
+            stage = int(stage_r) if stage_r is not None else (stage if stage is not None else 2)
+            pc = osd.get("partition_count")
+            pcs = pc if isinstance(pc, list) else [pc]
+            if any(p is not None and int(p) != self.world_size for p in pcs):
+                raise CheckpointError(
+                    f"{fpath} was partitioned over {pcs} rank(s) but {self.model_file} records dp_world_size="
+                    f"{self.world_size}; the files come from different saves"
+                )
+            if r == 0:
+                self.loss_scaler = scaler_state(osd)
+                _, self.group_hypers = _base_groups(osd, fpath)
+            parts = osd.get("single_partition_of_fp32_groups")
+            maps = osd.get("param_slice_mappings")
+            if (
+                not isinstance(parts, list)
+                or not isinstance(maps, list)
+                or len(parts) != len(shapes)
+                or len(maps) != len(shapes)
+            ):
+                raise _bad(fpath, "single_partition_of_fp32_groups / param_slice_mappings missing or not one per group")
+            shard = Shard(fpath, r, "zero12")
+            for g, (part, mapping) in enumerate(zip(parts, maps)):
+                if not isinstance(part, torch.Tensor):
+                    raise _bad(fpath, f"single_partition_of_fp32_groups[{g}] is not a tensor")
+                for n, frag in mapping.items():
+                    if not isinstance(frag, DSFragment):
+                        raise _bad(fpath, f"param_slice_mappings[{g}][{n!r}] is a {type(frag).__name__}")
+                    if n not in by_name:
+                        raise CheckpointError(f"{fpath} holds a slice of {n!r}, which {self.model_file} does not list")
+                    if frag.start + frag.numel > part.numel():
+                        raise CheckpointError(
+                            f"{fpath}: the slice of {n!r} ends at {frag.start + frag.numel}, past the partition's "
+                            f"{part.numel()} elements"
+                        )
+                    shard.pieces.append(Piece(str(n), g, frag.start, filled.get(n, 0), frag.numel))
+                    filled[n] = filled.get(n, 0) + frag.numel
+            self.shards.append(shard)
+        self.stage = stage if stage is not None else 2
+        if self.stage not in (0, 1, 2):
+            raise CheckpointError(f"{files[0]} records zero_stage={self.stage} but has the ZeRO-1/2 layout")
+
+    # ZeRO 3 -------------------------------------------------------------------------------------
+    def _parse_zero3(self) -> None:
+        import torch
+
+        ms = self.model_state
+        ws = self.world_size
+        mfiles = self._rank_files(
+            self.z3_model_files, ws, "model-state file(s)", "zero_pp_rank_{r}_mp_rank_00_model_states.pt"
+        )
+        files = self._rank_files(
+            self.optim_files, ws, "optimizer-state file(s)", "[bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+        )
+        shapes = ms.get("param_shapes")
+        if not isinstance(shapes, list) or not shapes:
+            raise _bad(self.model_file, "a ZeRO-3 checkpoint without 'param_shapes'")
+        order = [ParamInfo(str(n), tuple(int(x) for x in s), g) for g, grp in enumerate(shapes) for n, s in grp.items()]
+        self.params = order
+        # frozen parameters: every rank's model file holds its slice
+        fshapes = ms.get("frozen_param_shapes") or {}
+        self.frozen_shapes = {str(k): tuple(int(x) for x in v) for k, v in fshapes.items()}
+        if self.frozen_shapes:
+            for r, mpath in enumerate(mfiles):
+                frags = (safe_load(mpath) if r else ms).get("frozen_param_fragments") or {}
+                shard = Shard(mpath, r, "frozen3")
+                for n, shape in self.frozen_shapes.items():
+                    numel = int(math.prod(shape))
+                    per = math.ceil(numel / ws)
+                    t = frags.get(n)
+                    if not isinstance(t, torch.Tensor):
+                        raise CheckpointError(f"{mpath} has no frozen_param_fragments entry for frozen parameter {n!r}")
+                    take = max(0, min(per, numel - r * per))
+                    shard.pieces.append(Piece(n, 0, 0, r * per, take))
+                self.frozen_pieces.append(shard)
+        for r, fpath in enumerate(files):
+            osd = _optimizer_sd(safe_load(fpath), fpath)
+            pc = osd.get("partition_count")
+            if pc is not None and int(pc if not isinstance(pc, list) else pc[0]) != ws:
+                raise CheckpointError(
+                    f"{fpath} was partitioned over {pc} rank(s) but the model files record dp_world_size={ws}"
+                )
+            if r == 0:
+                self.loss_scaler = scaler_state(osd)
+                _, self.group_hypers = _base_groups(osd, fpath)
+                self._subgroups_to_groups(shapes, fpath)
+            flats = osd.get("fp32_flat_groups")
+            if not isinstance(flats, list) or not all(isinstance(t, torch.Tensor) for t in flats):
+                raise _bad(fpath, "no 'fp32_flat_groups' list of tensors")
+            bounds = []
+            total = 0
+            for t in flats:
+                bounds.append((total, total + t.numel()))
+                total += t.numel()
+            shard = Shard(fpath, r, "zero3")
+            off = 0
+            slot = 0
+            for p in order:
+                per = math.ceil(p.numel / ws)
+                while slot < len(bounds) and off >= bounds[slot][1]:
+                    slot += 1
+                if slot >= len(bounds) or off + per > bounds[slot][1]:
+                    raise CheckpointError(
+                        f"{fpath}: the fp32_flat_groups ({total} elements) do not hold rank {r}'s slice of {p.name!r} "
+                        f"at {off}..{off + per} (ZeRO-3 slices are ceil(numel / {ws}) per parameter)"
+                    )
+                take = max(0, min(per, p.numel - r * per))
+                shard.pieces.append(Piece(p.name, slot, off - bounds[slot][0], r * per, take))
+                off += per
+            if off != total:
+                raise CheckpointError(
+                    f"{fpath}: fp32_flat_groups hold {total} elements but the parameters in param_shapes need {off} "
+                    f"per rank at world size {ws}"
+                )
+            self.shards.append(shard)
+
+    def _subgroups_to_groups(self, shapes: list[Any], path: str) -> None:
+        """ZeRO-3's ``param_shapes`` has one entry per *sub-group* (``sub_group_size``); the optimizer's
+        ``param_groups[g]["params"]`` lists the sub-groups of group g. Give each parameter its group."""
+        hypers = self.group_hypers
+        if not hypers:
+            return
+        slot_group: dict[int, int] = {}
+        for g, grp in enumerate(hypers):
+            for slot in grp.get("params", []):
+                slot_group[int(slot)] = g
+        if sorted(slot_group) != list(range(len(shapes))):
+            raise CheckpointError(
+                f"{path}: the optimizer's parameter groups list sub-groups {sorted(slot_group)} but "
+                f"{self.model_file} has {len(shapes)} param_shapes entries; the files come from different saves"
+            )
+        for p in self.params:
+            p.group = slot_group[p.group]
+
+    # ------------------------------------------------------------------------------------ checks
+    def _check_pieces(self) -> None:
+        covered: dict[str, int] = {}
+        for shard in self.shards:
+            for pc in shard.pieces:
+                covered[pc.name] = covered.get(pc.name, 0) + pc.numel
+        for p in self.params if self.has_optimizer else []:
+            if covered.get(p.name, 0) != p.numel:
+                raise CheckpointError(
+                    f"DeepSpeed checkpoint {self.tag_dir}: the optimizer shards hold {covered.get(p.name, 0)} elements "
+                    f"of {p.name!r}, which has {p.numel} (shape {list(p.shape)}); shards are missing or mismatched"
+                )
+        names = {p.name for p in self.params}
+        for alias, src in self.shared.items():
+            if src not in names and src not in self.module:
+                raise CheckpointError(f"{self.model_file}: shared parameter {alias!r} points at unknown {src!r}")
+
+    # ------------------------------------------------------------------------------------ info
+    @property
+    def module_dtype(self) -> Any:
+        """dtype of the module's floating-point parameters at save (torch.dtype)."""
+        import torch
+
+        for p in self.params:
+            t = self.module.get(p.name)
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                return t.dtype
+        return torch.float32
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able summary (tag, stage, world size, files, parameters, steps)."""
+        return {
+            "format": "deepspeed",
+            "dir": self.save_dir,
+            "tag": self.tag,
+            "zero_stage": self.stage,
+            "world_size": self.world_size,
+            "global_steps": self.counters["global_steps"],
+            "parameters": len(self.params),
+            "elements": sum(p.numel for p in self.params),
+            "files": sorted({os.path.basename(s.path) for s in self.shards} | {os.path.basename(self.model_file)}),
+            "ds_version": self.model_state.get("ds_version"),
+        }
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedCheckpoint({json.dumps(self.describe())})"
+
+
+def ordered(d: dict[str, Any]) -> OrderedDict[str, Any]:
+    """An ``OrderedDict`` copy (helper for callers building state dicts)."""
+    return OrderedDict(d)
