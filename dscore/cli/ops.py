@@ -1,6 +1,7 @@
-"""``dscore ops list [--json]`` and ``dscore ops build [NAME ...]``: the C++/CUDA ops, built ahead of time.
+"""``dscore ops list [--json] [--check]`` and ``dscore ops build [NAME ...]``: the C++/CUDA ops, built ahead of time.
 
-``list`` reads only the plugins' registrations (no torch, no compiler probe). ``build`` compiles into
+``list`` reads only the plugins' registrations (no torch, no compiler probe); ``list --check`` adds
+each builder's ``compatibility()`` (buildable here, or why not: e.g. libaio.h missing for async_io). ``build`` compiles into
 the same cache a JIT ``load()`` uses. Without names it honours DeepSpeed's install-time variables:
 ``DS_BUILD_OPS=1`` selects every op, ``DS_BUILD_<OP>=1``/``0`` selects or deselects one; an op selected
 that way but incompatible here is skipped with a warning. With no names and none of those variables
@@ -31,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action")
     lst = sub.add_parser("list", help="list the registered ops", allow_abbrev=False)
     lst.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    lst.add_argument("--check", action="store_true",
+                     help="also probe whether each op can be built here, and why not (imports torch, runs the compiler)")
     build = sub.add_parser("build", help="build ops into the cache ahead of time", allow_abbrev=False)
     build.add_argument("names", nargs="*", metavar="NAME", help="ops to build (default: DS_BUILD_* or all compatible)")
     build.add_argument("--verbose", action="store_true", help="show the compiler commands")
@@ -77,6 +80,9 @@ def run(args: argparse.Namespace) -> int:
         }
         for s in specs
     ]
+    if getattr(args, "check", False):
+        for row in rows:
+            row["compatible"], row["reason"] = _compatibility(registry, row["name"])
     if args.json:
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -86,9 +92,22 @@ def run(args: argparse.Namespace) -> int:
     for r in rows:
         devices = ",".join(r["device_types"])
         print(f"{r['name'].ljust(width)}  {devices.ljust(8)}  {r['build_env_var'].ljust(22)}  {r['description']}")
+        if "compatible" in r:
+            print(f"{''.ljust(width)}  {'buildable' if r['compatible'] else 'NOT buildable'}: {r['reason']}")
     if not rows:
         print("(no op builders are registered; is the dscore 'ops' plugin disabled?)")
     return 0
+
+
+def _compatibility(registry, name: str) -> tuple[bool, str]:  # type: ignore[no-untyped-def]
+    """The op builder's ``compatibility()``, with a failure to even load the builder as the reason."""
+    from dscore.errors import DscoreError
+    from dscore.ops import op_builder_class
+
+    try:
+        return op_builder_class(name, registry)().compatibility()
+    except DscoreError as exc:
+        return False, str(exc)
 
 
 def _build(registry, specs: list[OpBuilderSpec], names: list[str], *, verbose: bool) -> int:  # type: ignore[no-untyped-def]

@@ -158,20 +158,6 @@ GATED_KEYS: dict[str, KeyPolicy] = {
     # DeepSpeed features dscore does not implement (yet)
     "hybrid_engine": KeyPolicy("the hybrid (RLHF) engine", False, _enabled_effect),
     "flops_profiler": KeyPolicy("the flops profiler", False, _enabled_effect),
-    "activation_checkpointing": KeyPolicy(
-        "DeepSpeed activation checkpointing",
-        False,
-        _non_default(
-            {
-                "partition_activations": False,
-                "contiguous_memory_optimization": False,
-                "cpu_checkpointing": False,
-                "number_checkpoints": None,
-                "synchronize_checkpoint_boundary": False,
-                "profile": False,
-            }
-        ),
-    ),
     "autotuning": KeyPolicy("autotuning", False, _enabled_effect),
     "compile": KeyPolicy("DeepCompile", False, _keyed_truthy("deepcompile")),
     "tensor_parallel": KeyPolicy("automatic tensor parallelism", False, _greater_than_one("autotp_size", "tp_size")),
@@ -185,7 +171,8 @@ GATED_KEYS: dict[str, KeyPolicy] = {
 #: Keys DeepSpeed reads that only tune logging, debugging or performance of features dscore lacks.
 IGNORED_KEYS: dict[str, str] = {
     "pipeline": "pipeline-parallel settings apply only to a PipelineModule, which dscore does not support",
-    "aio": "async-I/O tuning for DeepSpeed's NVMe library",
+    # validated by the ops plugin's "aio" section when that plugin is active (dscore.config.aio)
+    "aio": "async_io op tuning; the ops plugin that validates it is disabled and no training path uses it",
     "timers": "DeepSpeed's throughput timer settings",
     "seq_parallel_communication_data_type": "sequence parallelism is not implemented",
     "disable_allgather": "a legacy DeepSpeed switch with no effect on dscore's ZeRO",

@@ -22,7 +22,7 @@ def ops_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(autouse=True)
 def _ops_cache_env(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests that use built ops see the session cache even after per-test env resets."""
-    if "ops_cache" in request.fixturenames or "cpu_ops" in request.fixturenames:
+    if any(name in request.fixturenames for name in ("ops_cache", "cpu_ops", "aio_op")):
         root = request.getfixturevalue("ops_cache")
         monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(root))
 
@@ -33,3 +33,19 @@ def cpu_ops(ops_cache: Path) -> dict[str, ModuleType]:
     from dscore.ops import get_op_builder
 
     return {name: get_op_builder(name).load() for name in ("cpu_adam", "cpu_adagrad", "cpu_lion")}
+
+
+@pytest.fixture(scope="session")
+def aio_op(ops_cache: Path) -> ModuleType:
+    """The ``dscore_plugins.ops.aio`` module with the async_io op compiled once with ninja into ``ops_cache``;
+    skips (naming the missing header or library) where libaio is not installed."""
+    from dscore_plugins.ops import aio as aio_mod
+    from dscore_plugins.ops.aio_builder import AsyncIOBuilder
+
+    ok, reason = AsyncIOBuilder().compatibility()
+    if not ok:
+        pytest.skip(f"async_io is not buildable here: {reason}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_EXTENSIONS_DIR", str(ops_cache))
+        AsyncIOBuilder().load()
+    return aio_mod

@@ -83,8 +83,6 @@ def test_bfloat16_alias() -> None:
         ("graph_harvesting", False, True),
         ("hybrid_engine", {"enabled": False, "max_out_tokens": 512}, {"enabled": True}),
         ("flops_profiler", {"enabled": False, "profile_step": 1}, {"enabled": True}),
-        ("activation_checkpointing", {"partition_activations": False, "number_checkpoints": None},
-         {"partition_activations": True}),
         ("autotuning", {"enabled": False}, {"enabled": True}),
         ("compile", {"deepcompile": False}, {"deepcompile": True}),
         ("tensor_parallel", {"autotp_size": 1}, {"autotp_size": 2}),
@@ -105,9 +103,10 @@ def test_gated_keys(key: str, inert: Any, active: Any) -> None:
     assert "dscore does not implement" in str(err) and key in str(err)
 
 
-@pytest.mark.parametrize("key", ["pipeline", "aio", "timers", "memory_breakdown", "dump_state", "vocabulary_size"])
+# "aio" is a validated section of the ops plugin now (tests/ops/test_async_io.py)
+@pytest.mark.parametrize("key", ["pipeline", "timers", "memory_breakdown", "dump_state", "vocabulary_size"])
 def test_ignored_keys_warn(key: str) -> None:
-    cfg = _load(**{key: {"anything": 1} if key in {"pipeline", "aio", "timers"} else True})
+    cfg = _load(**{key: {"anything": 1} if key in {"pipeline", "timers"} else True})
     assert any(repr(key) in w and "ignored" in w for w in cfg.warnings)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from dscore import hookimpl
-from dscore.specs import OpBuilderSpec, OptimizerSpec
+from dscore.specs import ConfigSectionSpec, OpBuilderSpec, OptimizerSpec
 
 _B = "dscore_plugins.ops.builders"
 _CPU = "dscore_plugins.ops.cpu_optim"
@@ -27,7 +27,15 @@ def dscore_register_op_builders() -> Iterable[OpBuilderSpec]:
                       build_env_var="DS_BUILD_FUSED_LAMB", description="multi-tensor fused LAMB (CUDA)"),
         OpBuilderSpec(name="fused_lion", builder=f"{_B}:FusedLionBuilder", device_types=("cuda",),
                       build_env_var="DS_BUILD_FUSED_LION", description="multi-tensor fused Lion (CUDA)"),
+        OpBuilderSpec(name="async_io", builder="dscore_plugins.ops.aio_builder:AsyncIOBuilder", device_types=("cpu",),
+                      build_env_var="DS_BUILD_AIO", description="file I/O of host tensors via kernel AIO (libaio)"),
     ]
+
+
+@hookimpl
+def dscore_register_config_sections() -> Iterable[ConfigSectionSpec]:
+    """The ``aio`` section tuning the async_io op (model in :mod:`dscore.config.aio`)."""
+    return [ConfigSectionSpec(name="aio", model="dscore.config.aio:AioConfig", description="async_io op tuning")]
 
 
 @hookimpl
