@@ -26,6 +26,7 @@ __all__ = [
     "add_config_arguments",
     "zero",
     "comm",
+    "checkpointing",
 ]
 
 # name -> "module:attribute" (attribute "" means the module itself)
@@ -35,10 +36,11 @@ _LAZY: dict[str, str] = {
     "init_distributed": "dscore.comm.init:init_distributed",
     "zero": "dscore.zero:",
     "comm": "dscore.comm:",
+    "checkpointing": "dscore.checkpointing:",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dscore import comm, zero
+    from dscore import checkpointing, comm, zero
     from dscore.comm.init import init_distributed
     from dscore.config.arguments import add_config_arguments
     from dscore.runtime.initialize import initialize

@@ -14,6 +14,7 @@ Plugins declare their sections with :class:`dscore.config.base.SectionModel` (or
 
 from __future__ import annotations
 
+from dscore.config.activation_checkpointing import ActivationCheckpointingConfig
 from dscore.config.arguments import add_config_arguments
 from dscore.config.base import (
     MODEL_AUTO_FORMULAS,
@@ -58,4 +59,5 @@ __all__ = [
     "CheckpointConfig",
     "DataTypesConfig",
     "PluginsConfig",
+    "ActivationCheckpointingConfig",
 ]

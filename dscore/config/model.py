@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, StrictBool, create_model, field_validator
 
+from dscore.config.activation_checkpointing import ActivationCheckpointingConfig
 from dscore.config.base import (
     MODEL_AUTO_FORMULAS,
     NonNegativeFloat,
@@ -214,6 +215,8 @@ class DscoreConfig(SectionModel):
     """Checkpoint options."""
     data_types: DataTypesConfig = Field(default_factory=DataTypesConfig)
     """dtype options."""
+    activation_checkpointing: ActivationCheckpointingConfig = Field(default_factory=ActivationCheckpointingConfig)
+    """Settings of :func:`dscore.checkpointing.checkpoint` (applied by ``dscore.initialize``)."""
     accelerator: str | None = None
     """dscore extension: the accelerator plugin to use (``cpu``, ``cuda``, ...); ``None`` = the
     ``DS_ACCELERATOR`` variable, else automatic selection."""
