@@ -8,13 +8,17 @@ steps/s (median over rounds) and its ratio to DDP's, and per rank the peak RSS a
 over the rank's baseline (RSS after ``import torch`` and process-group setup, before the model exists;
 the growth is what the training state costs, the absolute peak is dominated by the interpreter+torch).
 
-Targets from issue 8: stage 0 >= 0.97, stages 1-2 >= 0.95, stage 3 >= 0.85 of DDP; RSS stage 1-2
+Targets (issues 8, 17): stage 0 >= 0.97, stages 1-2 >= 0.95, stage 3 >= 0.85 of DDP; RSS stage 1-2
 <= 1.0x DDP, stage 3 <= 0.85x. Timings on a shared machine are noisy: compare ratios within one run.
 
 Usage::
 
     python bench/dp_throughput.py                # 200 steps, 1 round
     python bench/dp_throughput.py --steps 50 --rounds 2
+    python bench/dp_throughput.py --profile --stages 0,1,2,3          # per-phase ms/step per variant
+    python bench/dp_throughput.py --widths 512,1024,2048 --chart bench/results/dp_throughput.png
+
+Also runs torch FSDP2 (``fully_shard`` on a CPU mesh, gloo) as the stage-3 peer (``--no-fsdp2`` skips it).
 """
 
 from __future__ import annotations
@@ -54,8 +58,9 @@ def _rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def _dscore_config(stage: int, micro: int) -> dict[str, Any]:
+def _dscore_config(stage: int, micro: int, profile: bool = False) -> dict[str, Any]:
     return {
+        "wall_clock_breakdown": profile,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
@@ -90,6 +95,10 @@ def _warm_imports(variant: str) -> None:
         m = DDP(tiny)
         m(x).sum().backward()
         del m
+    elif variant == "fsdp2":
+        m = _fsdp2(torch.nn.Sequential(torch.nn.Linear(8, 8)))
+        m(x).sum().backward()
+        del m
     elif variant.startswith("deepspeed"):
         import deepspeed
 
@@ -107,7 +116,22 @@ def _warm_imports(variant: str) -> None:
         del engine
 
 
-def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warmup: int) -> dict[str, Any]:
+def _fsdp2(model: Any) -> Any:
+    """torch's own sharded data parallel (FSDP2 ``fully_shard``) on a CPU mesh: each Linear is a unit."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warmup: int,
+            profile: bool = False) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -123,18 +147,41 @@ def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warm
     x = torch.randn(micro, hidden, generator=g)
     y = torch.randn(micro, hidden, generator=g)
     model = _mlp(hidden, layers)
-    if variant == "ddp":
-        from torch.nn.parallel import DistributedDataParallel as DDP
+    from dscore.runtime.timers import PhaseTimers, active_timers
 
-        ddp = DDP(model)
+    if variant in ("ddp", "fsdp2"):
+        if variant == "ddp":
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ddp = DDP(model)
+        else:
+            ddp = _fsdp2(model)
         opt = torch.optim.AdamW(ddp.parameters(), lr=1e-4)
+        timers = PhaseTimers().activate() if profile else None
 
         def one_step() -> None:
+            if timers is None:
+                loss = F.mse_loss(ddp(x), y)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                return
+            timers.start("forward")
             loss = F.mse_loss(ddp(x), y)
+            timers.stop("forward")
+            timers.start("backward")  # DDP/FSDP reduce and their final wait happen inside backward
             loss.backward()
+            timers.stop("backward")
+            timers.start("step")
+            timers.start("step.clip")
             torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
+            timers.stop("step.clip")
+            timers.start("step.optimizer")
             opt.step()
             opt.zero_grad(set_to_none=True)
+            timers.stop("step.optimizer")
+            timers.stop("step")
 
     elif variant.startswith("deepspeed"):
         import deepspeed
@@ -152,7 +199,7 @@ def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warm
         import dscore
 
         stage = int(variant[-1])
-        engine, *_ = dscore.initialize(model=model, config=_dscore_config(stage, micro))
+        engine, *_ = dscore.initialize(model=model, config=_dscore_config(stage, micro, profile))
 
         def one_step() -> None:
             loss = F.mse_loss(engine(x), y)
@@ -162,13 +209,53 @@ def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warm
     for _ in range(warmup):
         one_step()
     dist.barrier()
+    if active_timers() is not None:
+        active_timers().reset()
     t0 = time.perf_counter()
     for _ in range(steps):
         one_step()
     dist.barrier()
     elapsed = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    return {"steps_per_s": steps / elapsed, "peak_rss": peak, "base_rss": base}
+    phases: dict[str, float] = {}
+    if profile and active_timers() is not None:
+        phases = {k: 1000.0 * v / steps for k, (v, _) in active_timers().totals().items()}
+    return {"steps_per_s": steps / elapsed, "peak_rss": peak, "base_rss": base, "phases_ms": phases}
+
+
+_PHASES = (
+    "forward", "forward.allgather_wait", "backward", "backward.bucket", "backward.reduce_launch",
+    "backward.reduce_wait", "step", "step.clip", "step.optimizer", "step.allgather",
+)
+
+
+def _chart(path: str, widths: list[int], variants: list[str], speed: Any, grow: Any) -> bool:
+    """PNG: steps/s (relative to DDP) and peak RSS growth (MB, rank 0) per variant and width."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.info("matplotlib not installed (pip install 'dscore[bench]'): no chart")
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    n = len(widths)
+    bar = 0.8 / max(1, n)
+    for k, w in enumerate(widths):
+        xs = [i + k * bar for i in range(len(variants))]
+        axes[0].bar(xs, [speed(w, v) / speed(w, "ddp") for v in variants], bar, label=f"hidden {w}")
+        axes[1].bar(xs, [grow(w, v, 0) / 2**20 for v in variants], bar, label=f"hidden {w}")
+    for ax, title in zip(axes, ("steps/s relative to torch DDP", "peak RSS growth, rank 0 (MB)")):
+        ax.set_xticks([i + bar * (n - 1) / 2 for i in range(len(variants))])
+        ax.set_xticklabels(variants, rotation=30, ha="right", fontsize=8)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    axes[0].axhline(1.0, color="grey", lw=0.8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,62 +263,92 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="timed optimizer steps per variant and round")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=1, help="alternating rounds of all variants")
-    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=1024, help="model width (ignored when --widths is given)")
+    parser.add_argument("--widths", default="", help="comma list of widths, e.g. 512,1024,2048")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--stages", default="0,1,2,3", help="dscore (and DeepSpeed) stages to run")
     parser.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeed even when installed")
+    parser.add_argument("--no-fsdp2", action="store_true", help="skip torch FSDP2 (fully_shard)")
+    parser.add_argument("--profile", action="store_true",
+                        help="per-phase ms/step (wall_clock_breakdown timers; DDP/FSDP2 timed by hand)")
+    parser.add_argument("--chart", default="", help="write a PNG chart here (e.g. bench/results/dp_throughput.png)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     from dscore.testing import run_distributed
 
     stages = [int(s) for s in args.stages.split(",") if s.strip()]
+    widths = [int(w) for w in args.widths.split(",") if w.strip()] or [args.hidden]
     variants = ["ddp"] + [f"dscore-stage{s}" for s in stages]
+    if not args.no_fsdp2:
+        variants.append("fsdp2")
     if args.no_deepspeed:
         log.info("DeepSpeed: skipped (--no-deepspeed)")
     elif importlib.util.find_spec("deepspeed") is None:
         log.info("DeepSpeed: not installed (pip install 'dscore[bench]' for the side-by-side run); skipping")
     else:
         variants += [f"deepspeed-stage{s}" for s in stages]
-    params = args.layers * (args.hidden * args.hidden + args.hidden)
-    log.info(
-        "MLP %dx%d (%.1fM params, %.1f MB fp32), micro batch %d, 2 ranks gloo, 1 thread each, %d steps x %d round(s)",
-        args.layers, args.hidden, params / 1e6, params * 4 / 1e6, args.micro_batch, args.steps, args.rounds,
-    )
-    results: dict[str, list[list[dict[str, Any]]]] = {v: [] for v in variants}
+    results: dict[tuple[int, str], list[list[dict[str, Any]]]] = {(w, v): [] for w in widths for v in variants}
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    for w in widths:
+        params = args.layers * (w * w + w)
+        log.info(
+            "MLP %dx%d (%.1fM params, %.1f MB fp32), micro batch %d, 2 ranks gloo, 1 thread each, %d steps x %d round(s)",
+            args.layers, w, params / 1e6, params * 4 / 1e6, args.micro_batch, args.steps, args.rounds,
+        )
     for r in range(args.rounds):
-        for v in variants:
-            res = run_distributed(_worker, 2, v, args.hidden, args.layers, args.micro_batch, args.steps,
-                                  args.warmup, env=env, timeout=3600)
-            results[v].append(res)
-            log.info("round %d %-16s %.2f steps/s", r, v, min(x["steps_per_s"] for x in res))
+        for w in widths:
+            for v in variants:
+                try:
+                    res = run_distributed(_worker, 2, v, w, args.layers, args.micro_batch, args.steps,
+                                          args.warmup, args.profile, env=env, timeout=3600)
+                except Exception as exc:  # noqa: BLE001 - a peer that cannot run here is reported, not fatal
+                    log.info("round %d hidden %d %-16s failed: %s", r, w, v, str(exc).splitlines()[-1][:200])
+                    continue
+                results[(w, v)].append(res)
+                log.info("round %d hidden %d %-16s %.2f steps/s", r, w, v, min(x["steps_per_s"] for x in res))
 
-    def speed(v: str) -> float:
+    def speed(w: int, v: str) -> float:
         # a step completes when the slowest rank completes it
-        return statistics.median(min(x["steps_per_s"] for x in rnd) for rnd in results[v])
+        rounds = results[(w, v)]
+        return statistics.median(min(x["steps_per_s"] for x in rnd) for rnd in rounds) if rounds else float("nan")
 
-    def rss(v: str, rank: int, key: str) -> float:
-        vals = [rnd[rank]["peak_rss"] - (rnd[rank]["base_rss"] if key == "delta" else 0) for rnd in results[v]]
-        return statistics.median(vals)
+    def rss(w: int, v: str, rank: int, key: str) -> float:
+        vals = [rnd[rank]["peak_rss"] - (rnd[rank]["base_rss"] if key == "delta" else 0) for rnd in results[(w, v)]]
+        return statistics.median(vals) if vals else float("nan")
 
-    ddp_speed = speed("ddp")
-    header = f"{'variant':<18}{'steps/s':>9}{'vs DDP':>8}" + "".join(
-        f"{f'r{k} peak MB':>12}{f'r{k} grow MB':>12}{'grow/DDP':>10}" for k in range(2)
-    )
-    lines = [header]
-    for v in variants:
-        row = f"{v:<18}{speed(v):>9.2f}{speed(v) / ddp_speed:>8.3f}"
-        for k in range(2):
-            grow = rss(v, k, "delta")
-            row += f"{rss(v, k, 'abs') / 2**20:>12.1f}{grow / 2**20:>12.1f}{grow / max(1.0, rss('ddp', k, 'delta')):>10.3f}"
-        lines.append(row)
+    lines = []
+    for w in widths:
+        ddp_speed = speed(w, "ddp")
+        lines.append(f"\nhidden {w}")
+        lines.append(f"{'variant':<18}{'steps/s':>9}{'vs DDP':>8}" + "".join(
+            f"{f'r{k} peak MB':>12}{f'r{k} grow MB':>12}{'grow/DDP':>10}" for k in range(2)
+        ))
+        for v in variants:
+            row = f"{v:<18}{speed(w, v):>9.2f}{speed(w, v) / ddp_speed:>8.3f}"
+            for k in range(2):
+                grow = rss(w, v, k, "delta")
+                row += f"{rss(w, v, k, 'abs') / 2**20:>12.1f}{grow / 2**20:>12.1f}{grow / max(1.0, rss(w, 'ddp', k, 'delta')):>10.3f}"
+            lines.append(row)
+        if args.profile:
+            lines.append(f"per-phase ms/step (rank 0, median over rounds; hidden {w}; sub-phases are inside their parent)")
+            lines.append(f"{'phase':<24}" + "".join(f"{v.replace('dscore-', 'ds-').replace('deepspeed-', 'DS-'):>12}" for v in variants))
+            for ph in _PHASES:
+                cells = []
+                for v in variants:
+                    vals = [rnd[0]["phases_ms"].get(ph) for rnd in results[(w, v)]]
+                    vals = [x for x in vals if x is not None]
+                    cells.append(f"{statistics.median(vals):>12.2f}" if vals else f"{'-':>12}")
+                lines.append(f"{ph:<24}" + "".join(cells))
+            lines.append(f"{'wall (1000/steps_s)':<24}" + "".join(f"{1000.0 / speed(w, v):>12.2f}" for v in variants))
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.write(
         "targets: stage0 >= 0.97, stage1-2 >= 0.95, stage3 >= 0.85 x DDP steps/s; "
-        "RSS growth stage1-2 <= 1.0x, stage3 <= 0.85x DDP (shared machine: noisy)\n"
+        "RSS growth stage1-2 <= 1.0x, stage3 <= 0.85x DDP; stage3 >= FSDP2 steps/s, <= FSDP2 RSS (shared machine: noisy)\n"
     )
+    if args.chart and _chart(args.chart, widths, variants, speed, lambda w, v, k: rss(w, v, k, "delta")):
+        log.info("chart: %s", args.chart)
     return 0
 
 

@@ -1,8 +1,23 @@
-"""Wall-clock timers for ``wall_clock_breakdown`` (forward / backward / step times).
+"""Wall-clock timers for ``wall_clock_breakdown`` (forward / backward / step and their sub-phases).
 
 Mirrors DeepSpeed's ``SynchronizedWallClockTimer`` in spirit: each timer synchronizes the accelerator
 before reading the clock, so device work is attributed to the phase that queued it. Timers exist only
 when ``wall_clock_breakdown`` is true; the engine does not call them otherwise (no per-step cost).
+
+Sub-phases. The engine times ``forward``, ``backward`` and ``step`` as a whole; a ZeRO stage splits them
+further by reading :func:`active_timers` (``None`` unless some engine in this process runs with
+``wall_clock_breakdown: true``, so the disabled cost is one global lookup per hook or phase). Names used:
+
+* ``backward.bucket``: copying gradients into reduce buckets / staging buffers (inside ``backward``);
+* ``backward.reduce_launch``: launching asynchronous reductions (inside ``backward``);
+* ``backward.reduce_wait``: waiting for reductions still in flight when autograd is done;
+* ``step.clip``: global-norm computation, unscale and clip; ``step.optimizer``: the optimizer itself;
+* ``step.allgather``: launching (and, without overlap, waiting for) the parameter all-gather;
+* ``forward.allgather_wait``: forward pre-hooks waiting for parameters (deferred all-gather, stage 3
+  gathers and prefetches).
+
+``backward`` minus its sub-phases is autograd compute; sub-phases of one parent may overlap the
+parent's compute only in the sense that their time is spent on the same thread (there is one).
 """
 
 from __future__ import annotations
@@ -10,7 +25,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["PhaseTimers"]
+__all__ = ["PhaseTimers", "active_timers"]
+
+_ACTIVE: PhaseTimers | None = None
+
+
+def active_timers() -> PhaseTimers | None:
+    """The timers of the most recently built engine with ``wall_clock_breakdown: true`` in this process,
+    or ``None`` (the common case: callers skip timing entirely)."""
+    return _ACTIVE
 
 
 class PhaseTimers:
@@ -26,6 +49,18 @@ class PhaseTimers:
         self._total: dict[str, float] = {}
         self._count: dict[str, int] = {}
 
+    def activate(self) -> PhaseTimers:
+        """Make these the process's :func:`active_timers` (so ZeRO stages record sub-phases); returns self."""
+        global _ACTIVE
+        _ACTIVE = self
+        return self
+
+    def deactivate(self) -> None:
+        """Stop being the active timers (no-op when others were activated since)."""
+        global _ACTIVE
+        if _ACTIVE is self:
+            _ACTIVE = None
+
     def start(self, name: str) -> None:
         """Start (or restart) timer ``name``."""
         self._sync()
@@ -39,13 +74,25 @@ class PhaseTimers:
         """
         self._sync()
         began = self._start.pop(name)
-        self._total[name] = self._total.get(name, 0.0) + time.perf_counter() - began
+        self.add(name, time.perf_counter() - began)
+
+    def add(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to timer ``name`` as one call (for spans measured by the caller)."""
+        self._total[name] = self._total.get(name, 0.0) + seconds
         self._count[name] = self._count.get(name, 0) + 1
+
+    def totals(self) -> dict[str, tuple[float, int]]:
+        """``{name: (total seconds, calls)}`` since the last reset (no reset)."""
+        return {k: (v, self._count[k]) for k, v in self._total.items()}
+
+    def reset(self) -> None:
+        """Forget every total and count (running timers keep running)."""
+        self._total.clear()
+        self._count.clear()
 
     def mean_ms(self, reset: bool = True) -> dict[str, float]:
         """Mean milliseconds per call of every timer since the last reset (then reset when asked)."""
         out = {k: 1000.0 * v / max(1, self._count[k]) for k, v in self._total.items()}
         if reset:
-            self._total.clear()
-            self._count.clear()
+            self.reset()
         return out

@@ -130,36 +130,51 @@ def build_optimizer(
 ) -> torch.optim.Optimizer | None:
     """An optimizer over the flat master partitions (``master_params[g]``: group g's partition tensors).
 
-    A client optimizer keeps its hyper-parameters; its groups are re-pointed at the partitions (its
-    prior state is dropped, as DeepSpeed's ZeRO wrappers do). Otherwise ``optimizer_factory`` builds one
-    from the context's param groups with ``params`` replaced.
+    Group ``g`` of the optimizer is group ``g`` of ``ctx.param_groups``, always, including empty and
+    all-frozen groups (``params: []``): hyper-parameters stay with exactly their parameters and a
+    client LR scheduler's per-group lists stay aligned. A client optimizer keeps its object identity and
+    hyper-parameters; its groups are re-pointed at the partitions (its prior state is dropped, as
+    DeepSpeed's ZeRO wrappers do). Otherwise ``optimizer_factory`` builds one from the context's param
+    groups with ``params`` replaced.
 
     Raises:
-        ConfigError: the client optimizer's groups do not match the trainable parameter groups.
+        ConfigError: the client optimizer's groups are not the trainable parameter groups (names the
+            group); a self-communicating optimizer (1-bit Adam/Lamb) over partitions.
     """
-    nonempty = [i for i, ps in enumerate(group_params) if ps]
     if ctx.client_optimizer is not None:
         opt = ctx.client_optimizer
-        opt_groups = [g for g in opt.param_groups if len(g["params"]) > 0]
-        by_param = {id(p): gi for gi, ps in enumerate(group_params) for p in ps}
-        mapped: list[int] = []
-        for g in opt_groups:
-            gis = {by_param.get(id(p), -1) for p in g["params"] if p.requires_grad}
-            if len(gis) != 1 or -1 in gis:
-                raise ConfigError(
-                    "the client optimizer's parameter groups must each hold trainable parameters of exactly one "
-                    "model_parameters group (build the optimizer over the same groups you pass to initialize)"
-                )
-            mapped.append(gis.pop())
-        opt.param_groups[:] = opt_groups
-        for g, gi in zip(opt_groups, mapped):
-            g["params"] = list(master_params[gi])
+        check_client_groups(opt, group_params)
+        for g, masters in zip(opt.param_groups, master_params):
+            g["params"] = list(masters)
         opt.state.clear()
         return _refuse_self_communicating(opt, ctx)
     if ctx.optimizer_factory is not None:
-        groups = [{**ctx.param_groups[i], "params": list(master_params[i])} for i in nonempty]
+        groups = [{**ctx.param_groups[i], "params": list(master_params[i])} for i in range(len(group_params))]
         return _refuse_self_communicating(ctx.optimizer_factory(groups), ctx)
     return None
+
+
+def check_client_groups(opt: torch.optim.Optimizer, group_params: list[list[torch.nn.Parameter]]) -> None:
+    """Check that ``opt.param_groups[g]`` holds exactly the trainable parameters ``group_params[g]``.
+
+    ``dscore.initialize`` derives the groups from the client optimizer, so this only fails when a
+    :class:`ZeroStageContext` is built by hand with groups that differ from the optimizer's.
+
+    Raises:
+        ConfigError: naming the first group whose parameters differ, or the group counts.
+    """
+    if len(opt.param_groups) != len(group_params):
+        raise ConfigError(
+            f"the client optimizer has {len(opt.param_groups)} parameter group(s) but the engine was given "
+            f"{len(group_params)}; pass the optimizer's own groups (or no model_parameters) to dscore.initialize"
+        )
+    for gi, (g, ps) in enumerate(zip(opt.param_groups, group_params)):
+        held = [id(p) for p in g["params"] if p.requires_grad]
+        if held != [id(p) for p in ps]:
+            raise ConfigError(
+                f"the client optimizer's param_groups[{gi}] holds {len(held)} trainable parameter(s) that differ "
+                f"from the engine's group {gi} ({len(ps)}); each optimizer group must be exactly one engine group"
+            )
 
 
 def _refuse_self_communicating(opt: torch.optim.Optimizer, ctx: Any) -> torch.optim.Optimizer:

@@ -45,11 +45,13 @@ all-reduce and all-gather as one broadcast per owner, both exact and measured fa
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
 
 from dscore.errors import ConfigError
+from dscore.runtime.timers import active_timers
 from dscore.runtime.zero_api import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.zero._comm import Collectives, Handle
 from dscore_plugins.zero._common import (
@@ -191,6 +193,8 @@ class PartitionedOptimizerStage(ZeroStage):
                 self._hooks.append(mod.register_forward_pre_hook(self._pre_forward))
         self._launching = False
         self._next_launch = 0
+        self._timers = active_timers()
+        self._t_bucket = 0.0  # seconds copying into staging buffers this backward (wall_clock_breakdown)
         self._inflight: list[_Bucket] = []
         self._fresh = True  # gradient partitions hold nothing from this window yet
         self._reduced = False
@@ -309,6 +313,8 @@ class PartitionedOptimizerStage(ZeroStage):
                 "no_sync is incompatible with gradient partitioning (zero_optimization.stage 2): gradients "
                 "are reduce-scattered on every micro step; use stage 0 or 1 for no_sync"
             )
+        self._timers = timers = active_timers()
+        self._t_bucket = 0.0
         self._wait_params()
         reduce_now = sync and (self.partition_gradients or boundary)
         self._launching = reduce_now and self.overlap
@@ -321,17 +327,25 @@ class PartitionedOptimizerStage(ZeroStage):
         finally:
             self._launching = False
         if reduce_now:
+            t0 = time.perf_counter()
             self._flush()
+            if timers is not None:
+                timers.add("backward.reduce_wait", time.perf_counter() - t0)
+        if timers is not None:
+            timers.add("backward.bucket", self._t_bucket)
 
     def _grad_ready(self, p: torch.Tensor) -> None:
         b, k = self._param_bucket[id(p)]
         if self.partition_gradients and self.contiguous:
+            t0 = time.perf_counter() if self._timers is not None else 0.0
             if b.staging is None:
                 b.staging = self._acquire(b)
             assert p.grad is not None
             b.staging[b.offsets[k] : b.offsets[k] + b.numels[k]].copy_(p.grad.reshape(-1))
             b.got[k] = True
             p.grad = None
+            if self._timers is not None:
+                self._t_bucket += time.perf_counter() - t0
         b.ready += 1
         if self._launching and b.ready >= b.expected:
             while self._next_launch < len(self.buckets):
@@ -432,15 +446,24 @@ class PartitionedOptimizerStage(ZeroStage):
                 g.zero_()
         scale = float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
         divisor = scale * (1.0 if self.precision.compute_dtype == torch.float16 else float(self.world))
+        timers = active_timers()
+        t0 = time.perf_counter()
         flats = [g for g in self.master_grads if g.numel()]
         norm, overflow = unscale_clip(flats, self.coll, divisor=divisor, clip=self.clip, check_overflow=self.check_overflow)
         skip = self.loss_scaler.update(overflow) if self.loss_scaler is not None else overflow
         if skip or overflow:
             self.zero_grad()
             return StepOutcome(applied=False, overflow=overflow, global_grad_norm=None)
+        t1 = time.perf_counter()
         if self._optimizer is not None:
             self._optimizer.step()
+            t2 = time.perf_counter()
             self._all_gather_params(defer=self.overlap)
+            if timers is not None:
+                timers.add("step.optimizer", t2 - t1)
+                timers.add("step.allgather", time.perf_counter() - t2)
+        if timers is not None:
+            timers.add("step.clip", t1 - t0)
         self.zero_grad()
         return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)  # type: ignore[arg-type]
 
@@ -490,7 +513,11 @@ class PartitionedOptimizerStage(ZeroStage):
 
     def _pre_forward(self, mod: torch.nn.Module, args: Any) -> None:
         if self._param_handles:
+            timers = active_timers()
+            t0 = time.perf_counter()
             self._wait_params(self._module_buckets[mod])
+            if timers is not None:
+                timers.add("forward.allgather_wait", time.perf_counter() - t0)
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients (flat buffers zeroed in place; staging and per-parameter grads freed)."""

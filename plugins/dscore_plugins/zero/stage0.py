@@ -34,12 +34,14 @@ tensor (:attr:`StepOutcome.global_grad_norm`) so the engine reads it only on req
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from dscore.errors import ConfigError
+from dscore.runtime.timers import active_timers
 from dscore.runtime.zero_api import StepOutcome, ZeroStage, ZeroStageContext
 
 __all__ = ["Stage0", "NoOpOptimizer"]
@@ -150,6 +152,15 @@ class Stage0(ZeroStage):
         self.groups = [_FlatGroup(ps, master_weights=self.master_weights) for ps in by_key.values()]
         self._reduced = False
         self._overflow = False
+        self.overlap = bool(getattr(zero_cfg, "overlap_comm", False) or False)
+        self._build_buckets()
+        self._launching = False
+        self._works: list[Any] = []
+        self._hooks = (
+            [p.register_post_accumulate_grad_hook(self._grad_ready) for g in self.groups for p in g.params if p.requires_grad]
+            if self.overlap and self.world_size > 1
+            else []
+        )
 
         # Map module parameter -> the tensor the optimizer updates.
         target: dict[int, torch.Tensor] = {}
@@ -167,25 +178,56 @@ class Stage0(ZeroStage):
         )
 
     # ------------------------------------------------------------------ construction helpers
+    def _build_buckets(self) -> None:
+        """Cut each flat gradient buffer into reduce buckets of about ``bucket_numel`` elements along
+        parameter boundaries, walking the parameters in reverse (the order backward produces them), so
+        the last bucket of the buffer fills first. Bucket ``i`` is ``(group, start, end)``; buckets are
+        launched strictly in index order on every rank, so the collectives match."""
+        self._buckets: list[tuple[int, int, int]] = []
+        self._expected: list[int] = []
+        self._bucket_of: dict[int, int] = {}
+        for gi, g in enumerate(self.groups):
+            offsets = []
+            off = 0
+            for p in g.params:
+                offsets.append(off)
+                off += p.numel()
+            end, lo, count = off, off, 0  # open bucket: [lo, end)
+            for p, start in zip(reversed(g.params), reversed(offsets)):
+                if end > lo and end - start > self.bucket_numel:
+                    self._buckets.append((gi, lo, end))
+                    self._expected.append(count)
+                    end, count = lo, 0
+                lo = start
+                if p.requires_grad:
+                    count += 1
+                    self._bucket_of[id(p)] = len(self._buckets)
+            if end > lo:
+                self._buckets.append((gi, lo, end))
+                self._expected.append(count)
+        self._ready = [0] * len(self._buckets)
+        self._next_launch = 0
+
     def _build_optimizer(self, target: dict[int, torch.Tensor]) -> torch.optim.Optimizer | None:
         ctx = self.ctx
+        # Group i of the optimizer is group i of ctx.param_groups (empty and all-frozen groups kept), so
+        # each group's hyper-parameters apply to exactly its parameters and per-group scheduler lists line up.
         if ctx.client_optimizer is not None:
             opt = ctx.client_optimizer
-            opt.param_groups[:] = [g for g in opt.param_groups if len(g["params"]) > 0]
-            for group in opt.param_groups:
-                missing = [i for i, p in enumerate(group["params"]) if id(p) not in target]
+            for gi, group in enumerate(opt.param_groups):
+                missing = [i for i, p in enumerate(group["params"]) if p.requires_grad and id(p) not in target]
                 if missing:
                     raise ConfigError(
-                        "the client optimizer holds parameters that are not trainable parameters of the model "
-                        f"(group positions {missing[:5]}); build it over model.parameters() or pass "
-                        "model_parameters matching it"
+                        f"the client optimizer's param_groups[{gi}] holds parameters (positions {missing[:5]}) that "
+                        "are not trainable parameters given to the engine; build it over model.parameters() or "
+                        "pass model_parameters matching it"
                     )
-                if self.master_weights:
-                    group["params"] = [target[id(p)] for p in group["params"]]
+                # frozen parameters never get a gradient here: leave them out of the stepped groups
+                group["params"] = [target[id(p)] for p in group["params"] if p.requires_grad]
             if self.master_weights and opt.state:
                 opt.state = type(opt.state)({target.get(id(k), k): v for k, v in opt.state.items()})
         elif ctx.optimizer_factory is not None:
-            groups = [{**g, "params": [target[id(p)] for p in g["params"]]} for g in ctx.param_groups if g["params"]]
+            groups = [{**g, "params": [target[id(p)] for p in g["params"]]} for g in ctx.param_groups]
             opt = ctx.optimizer_factory(groups)
         elif self.precision.name == "bf16" and self.master_weights:
             opt = NoOpOptimizer([target[id(p)] for g in ctx.param_groups for p in g["params"]])
@@ -204,10 +246,58 @@ class Stage0(ZeroStage):
         return self._optimizer
 
     def backward(self, loss: torch.Tensor, *, boundary: bool, sync: bool = True, retain_graph: bool = False) -> None:
-        """``loss.backward()`` into the flat buffers; at a synced boundary all-reduce them (averaged)."""
-        loss.backward(retain_graph=retain_graph)
+        """``loss.backward()`` into the flat buffers; at a synced boundary all-reduce them (averaged).
+
+        Under ``overlap_comm`` (and more than one rank) each bucket's all-reduce is launched
+        asynchronously from the gradient hooks as soon as all its parameters have their gradient, in
+        bucket order, so communication overlaps the rest of backward (what DDP's reducer does); the
+        remaining buckets are launched and everything is waited for once autograd is done.
+        """
+        launch = self._hooks and boundary and sync and not self._local_gradients()
+        if launch:
+            self._ready = [0] * len(self._buckets)
+            self._next_launch = 0
+            self._pre, self._post = self._divisors()
+            self._launch_s = 0.0
+            self._launching = True
+        try:
+            loss.backward(retain_graph=retain_graph)
+        finally:
+            self._launching = False
         if boundary and sync:
             self._reduce()
+
+    def _divisors(self) -> tuple[float, float]:
+        # DeepSpeed's order: divide by the world size before the sum (or by gradient_predivide_factor
+        # with prescale_gradients, then by world/factor after it); "sum" divides by nothing.
+        world = self.world_size
+        if self._sum_op:
+            return 1.0, 1.0
+        if self._prescale:
+            return self._predivide, world / self._predivide
+        return float(world), 1.0
+
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        # post-accumulate-grad hook: one dict lookup and a counter per parameter, a launch per bucket
+        if not self._launching:
+            return
+        b = self._bucket_of[id(p)]
+        self._ready[b] += 1
+        if self._ready[b] < self._expected[b] or b != self._next_launch:
+            return
+        t0 = time.perf_counter()
+        while self._next_launch < len(self._buckets) and self._ready[self._next_launch] >= self._expected[self._next_launch]:
+            self._launch_bucket(self._next_launch)
+            self._next_launch += 1
+        self._launch_s += time.perf_counter() - t0
+
+    def _launch_bucket(self, i: int) -> None:
+        gi, lo, hi = self._buckets[i]
+        buf = self.groups[gi].grad
+        if self._pre != 1.0:
+            buf[lo:hi].div_(self._pre)
+        for a in range(lo, hi, self.bucket_numel):
+            self._works.append(self.ctx.comm.all_reduce(buf[a : min(hi, a + self.bucket_numel)], op="sum", async_op=True))
 
     def _local_gradients(self) -> bool:
         """True when the optimizer communicates itself and wants this rank's own gradients (1-bit Adam/Lamb
@@ -218,16 +308,29 @@ class Stage0(ZeroStage):
     def _reduce(self) -> None:
         self._reduced = True
         world = self.world_size
+        timers = active_timers()
+        if self._works or (self._hooks and self._next_launch):
+            # overlapped: launch what backward did not (buckets without gradients), then wait
+            t0 = time.perf_counter()
+            while self._next_launch < len(self._buckets):
+                self._launch_bucket(self._next_launch)
+                self._next_launch += 1
+            t1 = time.perf_counter()
+            works, self._works = self._works, []
+            for work in works:
+                work.wait()
+            t2 = time.perf_counter()
+            if self._post != 1.0:
+                torch._foreach_div_([g.grad for g in self.groups], self._post)
+            self._next_launch = 0
+            if timers is not None:
+                timers.add("backward.reduce_launch", self._launch_s + t1 - t0)
+                timers.add("backward.reduce_wait", t2 - t1)
+            return
         if world == 1 or self._local_gradients():
             return
-        # DeepSpeed's order: divide by the world size before the sum (or by gradient_predivide_factor
-        # with prescale_gradients, then by world/factor after it); "sum" divides by nothing.
-        if self._sum_op:
-            pre, post = 1.0, 1.0
-        elif self._prescale:
-            pre, post = self._predivide, world / self._predivide
-        else:
-            pre, post = float(world), 1.0
+        t0 = time.perf_counter()
+        pre, post = self._divisors()
         comm = self.ctx.comm
         bufs = [g.grad for g in self.groups]
         if pre != 1.0:
@@ -242,12 +345,15 @@ class Stage0(ZeroStage):
             work.wait()
         if post != 1.0:
             torch._foreach_div_(bufs, post)
+        if timers is not None:
+            timers.add("backward.reduce_wait", time.perf_counter() - t0)
 
     def step(self) -> StepOutcome:
         """Unscale, check overflow, clip, step, zero. See the module docstring for the exact order."""
         if not self._reduced:
             self._reduce()
         self._reduced = False
+        t_clip = time.perf_counter()
         scale = float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
         if self.master_weights:
             for g in self.groups:
@@ -283,6 +389,8 @@ class Stage0(ZeroStage):
                 torch._foreach_mul_(flats, coef) if len(flats) > 1 else flats[0].mul_(coef)
             elif scale != 1.0:
                 torch._foreach_mul_(flats, 1.0 / scale)
+        timers = active_timers()
+        t0 = time.perf_counter() if timers is not None else 0.0
         if self._optimizer is not None:
             self._optimizer.step()
         if self.master_weights:
@@ -290,6 +398,9 @@ class Stage0(ZeroStage):
                 assert g.data is not None and g.master is not None
                 g.data.copy_(g.master)
         self.zero_grad()
+        if timers is not None:
+            timers.add("step.clip", t0 - t_clip)
+            timers.add("step.optimizer", time.perf_counter() - t0)
         return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)
 
     def zero_grad(self) -> None:

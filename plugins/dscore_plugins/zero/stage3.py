@@ -39,6 +39,7 @@ from hooks in execution order); a parameter used outside its owning module's for
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import Any
 
@@ -46,6 +47,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from dscore.errors import ConfigError
+from dscore.runtime.timers import active_timers
 from dscore.runtime.zero_api import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.zero._comm import Collectives, Handle
 from dscore.zero.partition import FlatUnit, unit_of
@@ -66,11 +68,70 @@ from dscore_plugins.zero._common import (
     zget,
 )
 
-__all__ = ["Stage3"]
+__all__ = ["Stage3", "Stage3ParameterManager"]
 
 log = logging.getLogger("dscore.zero")
 
 _MAX_INFLIGHT = 2
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_ENV = "DSCORE_MALLOC_MMAP_THRESHOLD"
+_DEFAULT_MMAP_THRESHOLD = 1 << 20  # bytes
+_malloc_policy_applied = False
+
+
+def apply_host_malloc_policy() -> int:
+    """Make glibc return large freed host buffers to the OS (stage 3 on CPU calls it once per process).
+
+    Stage 3 frees every gathered unit after use and gathers it again later. glibc serves a large
+    allocation with ``mmap`` only until the first such block is freed; then it raises its mmap threshold
+    (up to 32 MiB) and keeps later blocks of that size in the heap, where freed memory stays in the
+    process: peak RSS grows by the released buffers. Fixing ``M_MMAP_THRESHOLD`` (which also turns the
+    dynamic adjustment off) keeps every block of at least that many bytes on ``mmap``, returned on
+    ``free``; ``M_TRIM_THRESHOLD`` is set to twice that so the heap top is trimmed too. This is an
+    allocation strategy set once, not a per-step ``malloc_trim``.
+
+    Scope: process-wide (it affects every allocation of the process), applied by the first stage-3
+    engine whose parameters live on the CPU; other allocators (jemalloc/tcmalloc via ``LD_PRELOAD``)
+    and non-glibc systems are left alone. ``DSCORE_MALLOC_MMAP_THRESHOLD`` sets the threshold in bytes
+    (default 1 MiB); ``0`` disables the policy.
+
+    Returns:
+        the threshold applied in bytes, or 0 when nothing was changed.
+
+    Raises:
+        ConfigError: ``DSCORE_MALLOC_MMAP_THRESHOLD`` is not an integer.
+    """
+    global _malloc_policy_applied
+    if _malloc_policy_applied:
+        return 0
+    import ctypes
+    import os
+    import platform
+    import sys
+
+    raw = os.environ.get(_MMAP_THRESHOLD_ENV, "").strip()
+    try:
+        threshold = int(raw) if raw else _DEFAULT_MMAP_THRESHOLD
+    except ValueError:
+        raise ConfigError(
+            f"environment variable {_MMAP_THRESHOLD_ENV}={raw!r} must be an integer number of bytes (0 disables)"
+        ) from None
+    _malloc_policy_applied = True
+    if threshold <= 0 or not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return 0
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(threshold)) and libc.mallopt(
+            _M_TRIM_THRESHOLD, ctypes.c_int(2 * threshold)
+        )
+    except (OSError, AttributeError):
+        return 0
+    if ok:
+        log.debug("stage 3: glibc mmap threshold fixed at %d bytes (%s)", threshold, _MMAP_THRESHOLD_ENV)
+    return threshold if ok else 0
 _FROZEN = -1
 
 
@@ -89,6 +150,49 @@ class _UnitState:
         self.ready = 0
         self.staging: torch.Tensor | None = None
         self.launched = False
+
+
+class Stage3ParameterManager:
+    """What ZeRO stage 3 returns as ``engine.optimizer`` when there is no optimizer (inference, evaluation).
+
+    DeepSpeed returns its ``DeepSpeedZeRoOffload`` there rather than None, and scripts call methods on it;
+    this object keeps parameters partitioned and offers what such a script needs. It does not step:
+    ``engine.backward``/``engine.step`` still refuse to run without an optimizer.
+
+    Attributes:
+        param_groups: always ``[]`` (so ``engine.get_lr()`` is ``[]``).
+    """
+
+    def __init__(self, stage: Stage3) -> None:
+        self._stage = stage
+        self.param_groups: list[dict[str, Any]] = []
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full module state dict, gathered unit by unit (collective: call on every rank)."""
+        return self._stage.module_state_dict()
+
+    def load_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Load full weights into the partitions (collective). Raises ``KeyError`` as
+        :meth:`Stage3.load_module_state_dict`."""
+        self._stage.load_module_state_dict(state, strict=strict)
+
+    def gathered_parameters(self, params: Any = None, modifier_rank: int | None = None) -> Any:
+        """A :class:`dscore.zero.GatheredParameters` over ``params`` (default: the whole module)."""
+        from dscore.zero import GatheredParameters
+
+        return GatheredParameters(self._stage.ctx.module if params is None else params, modifier_rank=modifier_rank)
+
+    def partition_all_parameters(self) -> None:
+        """Release every gathered, non-persistent unit (frees the full buffers; partitions stay)."""
+        for s in list(self._stage._gathered.values()):
+            self._stage._release(s)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop gradient partitions (nothing to drop unless backward ran through the module)."""
+        self._stage.zero_grad()
+
+    def __repr__(self) -> str:
+        return f"Stage3ParameterManager(units={len(self._stage.units)}, world={self._stage.world})"
 
 
 class Stage3(ZeroStage):
@@ -153,9 +257,12 @@ class Stage3(ZeroStage):
             if units:
                 self.module_units[mod] = units
         self.device = device or torch.device("cpu")
+        if self.device.type == "cpu" or self.offload_param:
+            apply_host_malloc_policy()
         self._consolidate()
         self._optimizer = build_optimizer(ctx, [[m] if m is not None else [] for m in self.masters], self.group_params)
         self._pairs = [(m, lay) for m, lay in zip(self.masters, self.layouts) if m is not None]
+        self._manager: Stage3ParameterManager | None = None
         if self._optimizer is not None:
             self._optimizer.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
 
@@ -359,9 +466,13 @@ class Stage3(ZeroStage):
             self._recording.append(mod)
         for s in units:
             self._in_use.add(id(s.unit))
+        timers = active_timers()
+        t0 = time.perf_counter()
         for s in units:
             self._fetch(s)
         self._prefetch(mod, +1)
+        if timers is not None:
+            timers.add("forward.allgather_wait", time.perf_counter() - t0)
 
     def _post_forward(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
         units = self.module_units[mod]
@@ -453,6 +564,15 @@ class Stage3(ZeroStage):
     def optimizer(self) -> torch.optim.Optimizer | None:
         return self._optimizer
 
+    @property
+    def public_optimizer(self) -> Any:
+        """The optimizer, or a :class:`Stage3ParameterManager` when there is none."""
+        if self._optimizer is not None:
+            return self._optimizer
+        if self._manager is None:
+            self._manager = Stage3ParameterManager(self)
+        return self._manager
+
     def _zero_grad_from_optimizer(self, set_to_none: bool = True) -> None:
         self.zero_grad()
 
@@ -476,12 +596,16 @@ class Stage3(ZeroStage):
             s.ready = 0
             s.launched = False
         loss.backward(retain_graph=retain_graph)
+        timers = active_timers()
+        t0 = time.perf_counter()
         # every rank reduces every trainable unit once per micro step, in unit order for the rest
         for s in self.units:
             if s.trainable and not s.launched:
                 self._launch(s)
         while self._inflight:
             self._finish(*self._inflight.pop(0))
+        if timers is not None:
+            timers.add("backward.reduce_wait", time.perf_counter() - t0)
         self._fresh = False
         self._in_use.clear()
         for s in list(self._gathered.values()):
@@ -492,6 +616,8 @@ class Stage3(ZeroStage):
         if self._fresh:
             for g in self.master_grads:
                 g.zero_()
+        timers = active_timers()
+        t0 = time.perf_counter()
         scale = float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
         divisor = scale * (1.0 if self.compute_dtype == torch.float16 else float(self.world))
         flats = [g for g in self.master_grads if g.numel()]
@@ -500,9 +626,16 @@ class Stage3(ZeroStage):
         if skip or overflow:
             self.zero_grad()
             return StepOutcome(applied=False, overflow=overflow, global_grad_norm=None)
+        t1 = time.perf_counter()
         if self._optimizer is not None:
             self._optimizer.step()
+            t2 = time.perf_counter()
             self._masters_to_partitions()
+            if timers is not None:
+                timers.add("step.optimizer", t2 - t1)
+                timers.add("step.allgather", time.perf_counter() - t2)
+        if timers is not None:
+            timers.add("step.clip", t1 - t0)
         self.zero_grad()
         return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)  # type: ignore[arg-type]
 
