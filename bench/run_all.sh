@@ -12,10 +12,18 @@ if [ "$quick" = 1 ]; then
   run bench/cpu_adam.py --params 10000000 --rounds 3
   run bench/checkpoint.py --params-millions 5 --repeats 3
   run bench/launcher_overhead.py --rounds 3
+  run bench/aio.py --size-mib 128 --rounds 3
+  run bench/activation_checkpointing.py --steps 3 --rounds 2
+  run bench/gpt_throughput.py --steps 6 --rounds 1
+  run bench/soak.py --runs 8
 else
   run bench/engine_overhead.py
   run bench/dp_throughput.py
   run bench/cpu_adam.py
   run bench/checkpoint.py
   run bench/launcher_overhead.py
+  run bench/aio.py
+  run bench/activation_checkpointing.py
+  run bench/gpt_throughput.py
+  run bench/soak.py --runs 200
 fi

@@ -45,6 +45,10 @@ Guarantees:
   given as ``load_dir`` -> CheckpointError suggesting ``load_checkpoint(<dir>, tag=<tag>)``; ranks asking
   for different dirs/tags -> CheckpointError; a missing or truncated file -> error naming the file and the
   rank that wrote it. ``load_path`` is the model-states file (as DeepSpeed's).
+* **DeepSpeed checkpoints** load too: a DeepSpeed save directory (``latest``, ``mp_rank_00_model_states.pt``,
+  ``[bf16_]zero_pp_rank_*_optim_states.pt``) is recognised and read without running pickled code, at any
+  world size and ZeRO stage (see :mod:`dscore.checkpoint.deepspeed`). ``checkpoint.load_universal`` reads
+  the tag from ``latest_universal`` and is an error when that file is missing.
 * ``load_module_only=True`` restores the weights only (no optimizer, scheduler, loss scaler, counters, RNG,
   data position). Counters restored otherwise: ``global_steps``, ``global_samples``, ``skipped_steps`` and
   also ``micro_steps`` (DeepSpeed does not), so gradient accumulation resumes in phase.

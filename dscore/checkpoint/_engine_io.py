@@ -20,6 +20,7 @@ from dscore.checkpoint import _layout as L
 from dscore.checkpoint._collective import Collectives
 from dscore.checkpoint._tensorfile import read_tensor_file, write_tensor_file
 from dscore.checkpoint._tree import decode, encode
+from dscore.comm.guard import ensure_all_arrived
 from dscore.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = ["load_checkpoint", "save_16bit_model", "save_checkpoint"]
@@ -187,6 +188,7 @@ def save_checkpoint(
     tag: object = None,
     client_state: dict[str, Any] | None = None,
     save_latest: bool = True,
+    exclude_frozen_parameters: bool = False,
 ) -> bool:
     """Save everything ``engine`` owns plus ``client_state`` under ``<save_dir>/<tag>`` (collective).
 
@@ -200,6 +202,10 @@ def save_checkpoint(
         client_state: the user's state: JSON-like values and tensors (see :mod:`dscore.checkpoint._tree`);
             rank 0's copy is saved. Keys may equal engine key names: engine state lives apart.
         save_latest: point ``<save_dir>/latest`` at ``tag`` once the checkpoint is complete.
+        exclude_frozen_parameters: leave parameters with ``requires_grad=False`` out of the saved module
+            state (DeepSpeed's keyword, used by LoRA runs); their names are recorded so that
+            :func:`load_checkpoint` accepts exactly those keys missing (the model being loaded into must
+            already hold them).
 
     Returns:
         True.
@@ -209,7 +215,9 @@ def save_checkpoint(
             ``checkpoint.tag_validation: FAIL``, a ``client_state`` value that cannot be stored safely, or a
             failure writing on any rank (named). Nothing is visible under ``<save_dir>/<tag>`` or ``latest``
             unless the whole save succeeded.
+        CollectiveArrivalError: not every rank called it within ``DSCORE_ARRIVAL_TIMEOUT`` (names the ranks).
     """
+    ensure_all_arrived("save_checkpoint")
     t0 = time.perf_counter()
     view = _Engine(engine)
     coll = view.coll
@@ -263,6 +271,9 @@ def save_checkpoint(
 
     # Phase 3 - gather full state (collective for partitioned stages) and write this rank's files.
     module_sd = view.zero.module_state_dict()
+    excluded = _frozen_parameter_names(engine) if exclude_frozen_parameters else []
+    if excluded:
+        module_sd = type(module_sd)((k, v) for k, v in module_sd.items() if k not in set(excluded))
     optim_sd = view.zero.state_dict()
 
     def write() -> dict[str, int]:
@@ -290,6 +301,7 @@ def save_checkpoint(
                 "global_samples": int(getattr(engine, "global_samples", 0)),
                 "micro_steps": int(getattr(engine, "micro_steps", 0)),
                 "skipped_steps": int(getattr(engine, "skipped_steps", 0)),
+                "excluded_frozen_parameters": list(excluded),
                 "lr_scheduler": sched.state_dict() if sched is not None else None,
                 "loss_scaler": scaler.state_dict() if scaler is not None else None,
             }
@@ -371,6 +383,49 @@ def save_checkpoint(
 # ------------------------------------------------------------------------------------------- load
 
 
+def _frozen_parameter_names(engine: Any) -> list[str]:
+    """State-dict names of the module's parameters with ``requires_grad=False`` (tied names included)."""
+    module = getattr(engine, "module", None)
+    if module is None:
+        return []
+    return [n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad]
+
+
+def _load_module(engine: Any, view: Any, state: dict[str, Any], *, strict: bool) -> None:
+    """Load the saved module weights; keys left out by ``exclude_frozen_parameters`` may be missing.
+
+    Under ``strict`` exactly the recorded frozen keys are allowed to be missing (they keep the values the
+    model already holds); any other missing or unexpected key is still an error, as in torch.
+
+    Raises:
+        CheckpointError: strict and the saved weights miss keys that were not excluded, or hold unknown ones.
+    """
+    excluded = set(state["engine"].get("excluded_frozen_parameters") or ())
+    saved = state["module"]
+    if not excluded:
+        view.zero.load_module_state_dict(saved, strict=strict)
+        return
+    if strict:
+        expected = set(engine.module.state_dict(keep_vars=True).keys())
+        missing = sorted(expected - set(saved) - excluded)
+        unexpected = sorted(set(saved) - expected)
+        if missing or unexpected:
+            raise CheckpointError(
+                "the module weights do not fit the model (saved with exclude_frozen_parameters=True, so only "
+                f"the frozen parameters may be missing): missing keys {missing}, unexpected keys {unexpected}. "
+                "Pass load_module_strict=False to load anyway"
+            )
+        now_trainable = sorted(k for k, p in engine.module.named_parameters(remove_duplicate=False)
+                               if k in excluded and k not in saved and p.requires_grad)
+        if now_trainable:
+            logger.warning(
+                "parameters %s were frozen and left out of the checkpoint but are trainable now; they keep the "
+                "model's current values",
+                now_trainable,
+            )
+    view.zero.load_module_state_dict(saved, strict=False)
+
+
 def _check_files(tag_dir: str, manifest: dict[str, Any], names: list[str]) -> None:
     files = manifest.get("files", {})
     saved_world = manifest.get("world_size", "?")
@@ -405,6 +460,28 @@ def _meta_json(meta: dict[str, str], key: str, path: str) -> Any:
         ) from exc
 
 
+def _universal_tag(load_dir: str) -> str:
+    """The tag named by ``<load_dir>/latest_universal`` (``checkpoint.load_universal``, as DeepSpeed).
+
+    Raises:
+        CheckpointNotFoundError: the file does not exist (DeepSpeed silently returns ``(None, None)``).
+        CheckpointError: the file is empty.
+    """
+    path = os.path.join(load_dir, "latest_universal")
+    try:
+        with open(path, encoding="utf-8") as f:
+            tag = f.read().strip()
+    except FileNotFoundError:
+        raise CheckpointNotFoundError(
+            f'"checkpoint": {{"load_universal": true}} reads the tag to load from {path}, which does not exist. dscore '
+            "checkpoints and DeepSpeed ZeRO checkpoints load at any world size and ZeRO stage without a universal "
+            "conversion: set checkpoint.load_universal to false (or pass tag=...)"
+        ) from None
+    if not tag:
+        raise CheckpointError(f"{path} is empty; it must name the tag to load")
+    return tag
+
+
 def load_checkpoint(
     engine: Any,
     load_dir: str | os.PathLike[str],
@@ -437,17 +514,30 @@ def load_checkpoint(
             tags are listed); a file of the checkpoint is missing (rank and file named).
         CheckpointError: ranks asked for different directories or tags; ``load_dir`` is a tag directory
             or a file; a file is truncated or malformed; the state does not fit the engine.
+        CollectiveArrivalError: not every rank called it within ``DSCORE_ARRIVAL_TIMEOUT`` (names the ranks).
     """
+    ensure_all_arrived("load_checkpoint")
     view = _Engine(engine)
     coll = view.coll
     rank, world = coll.rank, coll.world_size
     load_dir_text = os.path.abspath(os.fspath(load_dir)) if load_dir is not None and os.fspath(load_dir) else ""
     tag_arg = None if tag is None else str(tag)
 
+    universal = bool(getattr(getattr(view.config, "checkpoint", None), "load_universal", False))
+    source = {"deepspeed": False}
+
     def resolve() -> str | None:
         if not load_dir_text:
             raise CheckpointError(f"load_dir must be a non-empty path, got {load_dir!r}")
-        return L.resolve_tag(load_dir_text, tag_arg)
+        from dscore.checkpoint import deepspeed as ds
+
+        wanted = tag_arg
+        if universal and wanted is None and os.path.isdir(load_dir_text):
+            wanted = _universal_tag(load_dir_text)
+        if ds.looks_like_deepspeed_tag_dir(load_dir_text) or ds.is_deepspeed_checkpoint(load_dir_text, wanted):
+            source["deepspeed"] = True
+            return ds.resolve_deepspeed_tag(load_dir_text, wanted, missing_ok=True)
+        return L.resolve_tag(load_dir_text, wanted)
 
     resolved, err = _local_error(resolve)
     asks = coll.all_gather((load_dir_text, tag_arg))
@@ -461,12 +551,18 @@ def load_checkpoint(
     if len(set(results)) > 1:  # the filesystem changed under us between ranks
         raise CheckpointError(f"ranks resolved different tags in {load_dir_text}: {results}; retry the load")
     if resolved is None:
+        if source["deepspeed"]:
+            present = ", ".join(
+                repr(n) for n in sorted(os.listdir(load_dir_text)) if os.path.isdir(os.path.join(load_dir_text, n))
+            ) or "no tags"
+        else:
+            present = L.tags_present_text(load_dir_text)
         logger.warning(
             "no checkpoint to load: %s has no '%s' file and no tag was given (tags present: %s); starting fresh. "
             "Pass tag=... to load a specific tag",
             load_dir_text,
             L.LATEST_FILE,
-            L.tags_present_text(load_dir_text),
+            present,
         )
         return None, None
     tag_text = resolved
@@ -474,6 +570,18 @@ def load_checkpoint(
     model_path = os.path.join(tag_dir, L.MODEL_FILE)
 
     def read() -> dict[str, Any]:
+        if source["deepspeed"]:  # DeepSpeed's pickles, read safely into dscore's full-state structure
+            from dscore.checkpoint import deepspeed as ds
+
+            return ds.read_for_engine(
+                engine,
+                load_dir_text,
+                tag_text,
+                load_module_strict=load_module_strict,
+                load_optimizer_states=load_optimizer_states,
+                load_lr_scheduler_states=load_lr_scheduler_states,
+                load_module_only=load_module_only,
+            )
         manifest = L.read_manifest(tag_dir)
         if manifest is None:
             raise CheckpointNotFoundError(f"checkpoint {tag_dir} lost its {L.COMPLETE_FILE} marker during the load")
@@ -512,7 +620,7 @@ def load_checkpoint(
 
     def apply() -> None:
         try:
-            view.zero.load_module_state_dict(state["module"], strict=load_module_strict)
+            _load_module(engine, view, state, strict=load_module_strict)
         except RuntimeError as exc:
             raise CheckpointError(f"the module weights in {model_path} do not fit the model: {exc}") from exc
         if load_module_only:
@@ -532,9 +640,13 @@ def load_checkpoint(
             for key, value in counters.items():
                 setattr(engine, key, value)
         rs = state["rank"]
+        if rs is None:  # a DeepSpeed checkpoint: no RNG state or data position recorded (DeepSpeed saves none)
+            return
         if rs.get("data_sampler") is not None:
             view.load_data_sampler_state(rs["data_sampler"])
-        if state["own_rank_file"]:
+        if rs.get("rng") is None:  # imported from DeepSpeed (`dscore checkpoint import`): RNGs left alone
+            pass
+        elif state["own_rank_file"]:
             _restore_rng(view.accelerator, state["rank_tensors"], rs["rng"])
         else:
             seed = _derived_seed(tag_text, rank, state["rank_tensors"]["rng/torch_cpu"])
@@ -558,7 +670,7 @@ def load_checkpoint(
             world,
         )
     view.call_hook("dscore_checkpoint_loaded", load_dir=load_dir_text, tag=tag_text)
-    return model_path, state["client"]
+    return state.get("load_path", model_path), state["client"]
 
 
 # ----------------------------------------------------------------------------------------- export
@@ -578,7 +690,9 @@ def save_16bit_model(engine: Any, save_dir: str | os.PathLike[str], save_filenam
         CheckpointError: ZeRO stage 3 without ``zero_optimization.gather_16bit_weights_on_model_save``
             (``stage3_gather_16bit_weights_on_model_save``) (DeepSpeed logs and returns False instead);
             an empty ``save_dir`` or ``save_filename``; a failed write on rank 0 (raised on every rank).
+        CollectiveArrivalError: not every rank called it within ``DSCORE_ARRIVAL_TIMEOUT`` (names the ranks).
     """
+    ensure_all_arrived("save_16bit_model")
     view = _Engine(engine)
     coll = view.coll
     if save_dir is None or not os.fspath(save_dir):

@@ -385,7 +385,12 @@ class OpBuilder:
         (plan.directory / _STAMP).unlink(missing_ok=True)
         digest = self.source_digest()
         start = time.perf_counter()
-        logger.info("building op %s into %s", self.NAME, plan.directory)
+        # WARNING, not INFO: the build is a silent pause of 10-60 s otherwise, and applications often log
+        # only warnings (DeepSpeed prints this unconditionally)
+        logger.warning(
+            "building op %s (first use: compiling %s with ninja, usually 10-60 s) into %s ...",
+            self.NAME, "C++/CUDA" if plan.with_cuda else "C++", plan.directory,
+        )
         try:
             with _scoped_env(plan.env), _scoped_torch_cuda_home(cpp_extension, plan.env.get("CUDA_HOME")):
                 cpp_extension.load(
@@ -412,7 +417,7 @@ class OpBuilder:
         tmp = plan.directory / (_STAMP + ".tmp")
         tmp.write_text(json.dumps(stamp, indent=1, default=str))
         os.replace(tmp, plan.directory / _STAMP)
-        logger.info("built op %s in %.1f s", self.NAME, time.perf_counter() - start)
+        logger.warning("built op %s in %.1f s (cached: later runs load it at once)", self.NAME, time.perf_counter() - start)
         return library
 
 

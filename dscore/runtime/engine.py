@@ -27,7 +27,8 @@ Semantics (DeepSpeed 0.19.8):
 Logging: every ``steps_per_print`` optimizer steps rank 0 logs step, skipped steps, mean loss over the
 window, learning rates, loss scale and samples/s (logger ``dscore.runtime.engine``); with
 ``wall_clock_breakdown`` the mean forward/backward/step times (ms, device-synchronized) are logged on
-the same steps. Monitors (rank 0) receive ``Train/Samples/train_loss``, ``Train/Samples/lr`` and (fp16)
+the same steps, with the ZeRO stage's sub-phases (gradient bucketing, reduce launch/wait, clip,
+optimizer, parameter all-gather and its waits; see :mod:`dscore.runtime.timers`). Monitors (rank 0) receive ``Train/Samples/train_loss``, ``Train/Samples/lr`` and (fp16)
 ``Train/Samples/loss_scale`` at every optimizer step, with ``global_samples`` as the x value.
 
 Checkpoint-facing state (for :mod:`dscore.checkpoint`): :meth:`counters_state` /
@@ -135,6 +136,8 @@ class DscoreEngine(torch.nn.Module):
         fp16 = config.section("fp16") if hasattr(config, "section") else None
         self._auto_cast_dtype = precision.compute_dtype if getattr(fp16, "auto_cast", False) else None
         self._timers = PhaseTimers(self._synchronize) if bool(getattr(config, "wall_clock_breakdown", False)) else None
+        if self._timers is not None:
+            self._timers.activate()  # ZeRO stages add their sub-phases (dscore.runtime.timers.active_timers)
         # Losses are accumulated (as tensors, no device sync) only when someone reads them.
         self._track_loss = rank == 0 and (bool(self._steps_per_print) or bool(self.monitors))
         self._step_loss: torch.Tensor | None = None
@@ -145,6 +148,9 @@ class DscoreEngine(torch.nn.Module):
         pm = getattr(runtime, "plugin_manager", None)
         self._pm = pm
         self._after_step_hook = bool(pm is not None and pm.has_implementations("dscore_after_optimizer_step"))
+        # one lease on the process group dscore owns; close() returns it (see dscore.comm.init)
+        self._closed = False
+        self._holds_group = _lease_process_group(runtime)
 
     # ------------------------------------------------------------------ attribute fall-through
     def __getattr__(self, name: str) -> Any:
@@ -159,8 +165,10 @@ class DscoreEngine(torch.nn.Module):
     # ------------------------------------------------------------------ properties / config accessors
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
-        """The optimizer the ZeRO stage steps (None when training without one)."""
-        return self.zero_stage_impl.optimizer
+        """The optimizer the ZeRO stage steps; without one None, except under ZeRO stage 3, which returns
+        its parameter manager (gather / save / load still work; DeepSpeed returns ``DeepSpeedZeRoOffload``)."""
+        stage = self.zero_stage_impl
+        return getattr(stage, "public_optimizer", stage.optimizer)
 
     @property
     def accelerator(self) -> Any:
@@ -188,6 +196,198 @@ class DscoreEngine(torch.nn.Module):
         """The ZeRO stage number in use."""
         return int(type(self.zero_stage_impl).stage)
 
+    # DeepSpeed's config accessors and attributes that scripts and integrations (HF Trainer, Accelerate,
+    # Lightning) read; each answers from the validated config. See docs/engine-api.md.
+    def _section(self, key: str) -> Any:
+        return self.config.section(key) if hasattr(self.config, "section") else getattr(self.config, key, None)
+
+    def _zero_offload_device(self, which: str) -> str:
+        off = getattr(self._section("zero_optimization"), which, None)
+        device = getattr(off, "device", None) if off is not None else None
+        return str(getattr(device, "value", device) or "none").lower()
+
+    def fp16_enabled(self) -> bool:
+        """``fp16.enabled``."""
+        return bool(getattr(self._section("fp16"), "enabled", False))
+
+    def bfloat16_enabled(self) -> bool:
+        """``bf16.enabled`` (DeepSpeed's name; ``bf16_enabled`` is an alias)."""
+        return bool(getattr(self._section("bf16"), "enabled", False))
+
+    bf16_enabled = bfloat16_enabled
+
+    def amp_enabled(self) -> bool:
+        """Always False: dscore has no apex AMP mode (DeepSpeed's ``amp`` block)."""
+        return False
+
+    def gradient_clipping(self) -> float:
+        """``gradient_clipping``: the global gradient-norm bound (0 = off; DeepSpeed's default 1.0)."""
+        return float(getattr(self.config, "gradient_clipping", 0.0) or 0.0)
+
+    def steps_per_print(self) -> int | None:
+        """``steps_per_print`` (None: no periodic progress log)."""
+        value = getattr(self.config, "steps_per_print", None)
+        return int(value) if value else None
+
+    def wall_clock_breakdown(self) -> bool:
+        """``wall_clock_breakdown``: forward/backward/step timings are logged."""
+        return bool(getattr(self.config, "wall_clock_breakdown", False))
+
+    def memory_breakdown(self) -> bool:
+        """``memory_breakdown`` (accepted; dscore logs no memory breakdown)."""
+        return bool(getattr(self.config, "memory_breakdown", False))
+
+    def dynamic_loss_scale(self) -> bool:
+        """True when fp16 uses dynamic loss scaling (``fp16.loss_scale == 0``)."""
+        return self.fp16_enabled() and float(getattr(self._section("fp16"), "loss_scale", 0.0) or 0.0) == 0.0
+
+    def loss_scale(self) -> float:
+        """``fp16.loss_scale`` as configured (0 = dynamic); the live scale is :meth:`get_loss_scale`."""
+        return float(getattr(self._section("fp16"), "loss_scale", 0.0) or 0.0)
+
+    def initial_dynamic_scale(self) -> float:
+        """``2 ** fp16.initial_scale_power``."""
+        return float(2.0 ** int(getattr(self._section("fp16"), "initial_scale_power", 16)))
+
+    def postscale_gradients(self) -> bool:
+        """``not prescale_gradients`` (DeepSpeed's accessor)."""
+        return not bool(getattr(self.config, "prescale_gradients", False))
+
+    def gradient_predivide_factor(self) -> float:
+        """``gradient_predivide_factor``."""
+        return float(getattr(self.config, "gradient_predivide_factor", 1.0))
+
+    @property
+    def communication_data_type(self) -> torch.dtype:
+        """dtype of gradient communication: ``communication_data_type`` when set, else fp16/bf16/fp32 by mode."""
+        name = getattr(self.config, "communication_data_type", None)
+        if name:
+            return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[str(name).lower()]
+        if self.fp16_enabled():
+            return torch.float16
+        return torch.bfloat16 if self.bfloat16_enabled() else torch.float32
+
+    def dataloader_drop_last(self) -> bool:
+        """``dataloader_drop_last``."""
+        return bool(getattr(self.config, "dataloader_drop_last", False))
+
+    def zero_optimization(self) -> bool:
+        """True when a ZeRO stage above 0 is used."""
+        return self.zero_optimization_stage() > 0
+
+    def zero_offload_optimizer(self) -> bool:
+        """True when ``zero_optimization.offload_optimizer.device`` is cpu or nvme."""
+        return self._zero_offload_device("offload_optimizer") in ("cpu", "nvme")
+
+    def zero_offload_param(self) -> bool:
+        """True when ``zero_optimization.offload_param.device`` is cpu or nvme."""
+        return self._zero_offload_device("offload_param") in ("cpu", "nvme")
+
+    def zero_cpu_offload(self) -> bool:
+        """True when the optimizer is offloaded to the CPU."""
+        return self._zero_offload_device("offload_optimizer") == "cpu"
+
+    def _zero_key(self, key: str, default: Any) -> Any:
+        value = getattr(self._section("zero_optimization"), key, default)
+        return default if value is None else value
+
+    def zero_reduce_bucket_size(self) -> int:
+        """``zero_optimization.reduce_bucket_size`` (elements)."""
+        return int(self._zero_key("reduce_bucket_size", 500_000_000))
+
+    def zero_allgather_bucket_size(self) -> int:
+        """``zero_optimization.allgather_bucket_size`` (elements)."""
+        return int(self._zero_key("allgather_bucket_size", 500_000_000))
+
+    def zero_overlap_comm(self) -> bool:
+        """``zero_optimization.overlap_comm``; unset means true at stage 3 only (DeepSpeed's default)."""
+        value = getattr(self._section("zero_optimization"), "overlap_comm", None)
+        return self.zero_optimization_stage() == 3 if value is None else bool(value)
+
+    def zero_contiguous_gradients(self) -> bool:
+        """``zero_optimization.contiguous_gradients``."""
+        return bool(self._zero_key("contiguous_gradients", True))
+
+    def zero_reduce_scatter(self) -> bool:
+        """``zero_optimization.reduce_scatter``."""
+        return bool(self._zero_key("reduce_scatter", True))
+
+    def zero_sub_group_size(self) -> int:
+        """``zero_optimization.sub_group_size``."""
+        return int(self._zero_key("sub_group_size", 1_000_000_000))
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """``zero_optimization.stage3_gather_16bit_weights_on_model_save``."""
+        return bool(self._zero_key("gather_16bit_weights_on_model_save", False))
+
+    def zero_allow_untested_optimizer(self) -> bool:
+        """``zero_allow_untested_optimizer``."""
+        return bool(getattr(self.config, "zero_allow_untested_optimizer", False))
+
+    def zero_force_ds_cpu_optimizer(self) -> bool:
+        """``zero_force_ds_cpu_optimizer``."""
+        return bool(getattr(self.config, "zero_force_ds_cpu_optimizer", True))
+
+    def optimizer_name(self) -> str | None:
+        """``optimizer.type`` as written, or None (a client optimizer, or none)."""
+        opt = getattr(self.config, "optimizer", None)
+        return None if opt is None else str(opt.type)
+
+    def optimizer_params(self) -> dict[str, Any] | None:
+        """``optimizer.params`` as written, or None."""
+        opt = getattr(self.config, "optimizer", None)
+        return None if opt is None else dict(opt.params or {})
+
+    def scheduler_name(self) -> str | None:
+        """``scheduler.type`` as written, or None."""
+        sched = getattr(self.config, "scheduler", None)
+        return None if sched is None else str(sched.type)
+
+    def scheduler_params(self) -> dict[str, Any] | None:
+        """``scheduler.params`` as written, or None."""
+        sched = getattr(self.config, "scheduler", None)
+        return None if sched is None else dict(sched.params or {})
+
+    def checkpoint_tag_validation_enabled(self) -> bool:
+        """``checkpoint.tag_validation`` is not IGNORE."""
+        return str(getattr(self._section("checkpoint"), "tag_validation", "WARN")).upper() != "IGNORE"
+
+    def checkpoint_tag_validation_fail(self) -> bool:
+        """``checkpoint.tag_validation`` is FAIL."""
+        return str(getattr(self._section("checkpoint"), "tag_validation", "WARN")).upper() == "FAIL"
+
+    def elasticity_enabled(self) -> bool:
+        """Always False: dscore has no elastic training."""
+        return False
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node (selects the device), from the launcher / discovery."""
+        return int(self.runtime.comm.get_local_rank())
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes in the job (DeepSpeed's ``engine.world_size``)."""
+        return int(self.runtime.comm.get_world_size())
+
+    @property
+    def mp_world_size(self) -> int:
+        """Model-parallel world size: always 1 (dscore is data parallel only)."""
+        return 1
+
+    @property
+    def seq_parallel_world_size(self) -> int:
+        """Sequence-parallel world size: always 1 (no sequence parallelism in dscore)."""
+        return 1
+
+    def get_batch_info(self) -> tuple[int, int, int]:
+        """``(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)``."""
+        return self._train_batch_size, self._micro_batch_size, self._gas
+
+    def module_state_dict(self) -> dict[str, torch.Tensor]:
+        """The module's full state dict (under ZeRO-3 gathered: collective, call on every rank)."""
+        return self.zero_stage_impl.module_state_dict()
+
     def _synchronize(self) -> None:
         self.runtime.accelerator.synchronize()
 
@@ -212,13 +412,14 @@ class DscoreEngine(torch.nn.Module):
             return self._inside_step
         return (self.micro_steps + 1) % self._gas == 0
 
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+    def set_gradient_accumulation_boundary(self, is_boundary: bool | None) -> None:
         """Override the boundary decision; the value sticks until set again (DeepSpeed behaviour).
 
         Needed with ``managed_gradient_accumulation: false`` when gradients must be reduced in the last
-        ``backward`` of a window rather than in ``step()``.
+        ``backward`` of a window rather than in ``step()``. ``None`` returns to the counter's decision
+        (DeepSpeed stores the value as given and tests it against None the same way).
         """
-        self._boundary_override = bool(is_boundary)
+        self._boundary_override = None if is_boundary is None else bool(is_boundary)
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
@@ -306,7 +507,7 @@ class DscoreEngine(torch.nn.Module):
             self._inside_step = False
         self.micro_steps += 1
 
-    def _take_step(self, lr_kwargs: dict[str, Any] | None) -> None:
+    def _take_step(self, lr_kwargs: dict[str, Any] | None, samples: int | None = None) -> None:
         timers = self._timers
         if timers is not None:
             timers.start(STEP)
@@ -322,7 +523,9 @@ class DscoreEngine(torch.nn.Module):
         else:
             self.skipped_steps += 1
         self.global_steps += 1
-        if self._managed:
+        if samples is not None:  # a partial window (flush_gradient_accumulation)
+            self.global_samples += samples
+        elif self._managed:
             self.global_samples += self._train_batch_size
         else:
             self.global_samples += (self._train_batch_size // self._gas) * self._backwards_since_step
@@ -337,6 +540,69 @@ class DscoreEngine(torch.nn.Module):
     def zero_grad(self) -> None:
         """Drop accumulated gradients without stepping."""
         self.zero_stage_impl.zero_grad()
+
+    @property
+    def pending_micro_batches(self) -> int:
+        """``backward`` calls whose gradients wait for an optimizer step (0 at an accumulation boundary)."""
+        return self._backwards_since_step
+
+    def flush_gradient_accumulation(self, apply: bool) -> bool:
+        """End a partial accumulation window: apply its gradients in one optimizer step, or drop them.
+
+        With ``gradient_accumulation_steps: G`` and a data loader whose length is not a multiple of G, the
+        last ``k < G`` micro-batches of an epoch leave gradients pending. Call this once after the epoch's
+        loop. ``apply=True`` runs the optimizer step now (reduction, unscale/overflow check, clipping, LR
+        scheduler, ``global_steps += 1``, ``global_samples += k * micro_batch * dp_world``). Each micro
+        batch's loss was divided by G, so the update uses ``sum / G`` of the ``k`` gradients - exactly
+        what DeepSpeed applies for the same window when ``set_gradient_accumulation_boundary(True)`` is
+        called before its last ``backward``. ``apply=False`` drops the gradients (DeepSpeed's behaviour
+        when nothing is done: the next window's ``zero_grad`` discards them). Either way the next
+        micro-batch starts a fresh window (``micro_steps`` moves to the next multiple of G).
+
+        Collective when ``apply`` and gradients are pending: call on every rank.
+
+        Args:
+            apply: step with the pending gradients (True) or discard them (False).
+
+        Returns:
+            True when an optimizer step was applied (False: nothing pending, dropped, or fp16 overflow).
+
+        Raises:
+            EngineError: inside ``no_sync()``, without an optimizer, or with
+                ``managed_gradient_accumulation: false`` (every ``step()`` is a boundary there).
+        """
+        if not self._managed:
+            raise EngineError(
+                "flush_gradient_accumulation() is for managed gradient accumulation; with "
+                "managed_gradient_accumulation: false every engine.step() already applies the gradients"
+            )
+        if self._in_no_sync:
+            raise EngineError("flush_gradient_accumulation() is not allowed inside no_sync(); leave the context first")
+        if self.zero_stage_impl.optimizer is None:
+            raise EngineError("flush_gradient_accumulation() needs an optimizer")
+        pending = self._backwards_since_step
+        self._step_applied = False
+        if pending and apply:
+            self._take_step(None, samples=(self._train_batch_size // self._gas) * pending)
+        elif pending:
+            self.zero_stage_impl.zero_grad()
+            self._backwards_since_step = 0
+            self._step_loss = None
+            log_rank0(log, self.global_rank, "dropped the gradients of %d pending micro-batch(es)", pending)
+        self.micro_steps = -(-self.micro_steps // self._gas) * self._gas
+        return self._step_applied
+
+    def _warn_pending_gradients(self, where: str) -> None:
+        pending = self._backwards_since_step
+        if pending and self._managed:
+            log.warning(
+                "%s with gradients of %d micro-batch(es) pending (gradient_accumulation_steps=%d, the window is "
+                "incomplete): they are not saved and will not be applied. Call "
+                "engine.flush_gradient_accumulation(apply=True) to step with them or apply=False to drop them",
+                where,
+                pending,
+                self._gas,
+            )
 
     # ------------------------------------------------------------------ queries
     def was_step_applied(self) -> bool:
@@ -428,9 +694,38 @@ class DscoreEngine(torch.nn.Module):
         self.monitors = []
         self._track_loss = self.global_rank == 0 and bool(self._steps_per_print)
 
+    def close(self) -> None:
+        """Release what the engine holds: flush and close monitors, then return its lease on the
+        process group. Idempotent; the engine must not be used for training afterwards.
+
+        The process group is destroyed here only when dscore created it for an engine
+        (``dscore.initialize`` made the group) and this was the last open engine using it; a group
+        created by the user, or by an explicit ``dscore.init_distributed()``, stays alive (dscore's own
+        group is in any case destroyed at interpreter exit). Collective when it destroys the group:
+        every rank should close its engine. Also what ``with engine:`` does on leaving the block.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._warn_pending_gradients("engine.close()")
+        try:
+            self.close_monitors()
+        finally:
+            if self._holds_group:
+                self._holds_group = False
+                from dscore.comm.init import PROCESS_GROUP_OWNER
+
+                PROCESS_GROUP_OWNER.release()
+
     def destroy(self) -> None:
-        """Release what the engine opened (monitors). The process group belongs to the runtime."""
-        self.close_monitors()
+        """DeepSpeed's name for :meth:`close`."""
+        self.close()
+
+    def __enter__(self) -> DscoreEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ checkpoint-facing state
     def counters_state(self) -> dict[str, int]:
@@ -445,13 +740,17 @@ class DscoreEngine(torch.nn.Module):
     def load_counters_state(self, state: dict[str, Any]) -> None:
         """Restore counters saved by :meth:`counters_state`.
 
-        ``global_samples`` falls back to ``global_steps * train_batch_size`` (DeepSpeed) and
-        ``micro_steps`` to ``global_steps * gradient_accumulation_steps`` when absent.
+        ``global_samples`` falls back to ``global_steps * train_batch_size`` (DeepSpeed). ``micro_steps``
+        becomes ``global_steps * gradient_accumulation_steps`` whatever was saved: a loaded run starts at an
+        accumulation boundary even when the saved window (``gradient_accumulation_steps`` or world size)
+        differs from this one (DeepSpeed does not checkpoint ``micro_steps`` at all, which also starts at a
+        boundary). Pending gradients are not checkpointed, so a saved mid-window position cannot resume.
         """
         self.global_steps = int(state.get("global_steps", 0))
         self.global_samples = int(state.get("global_samples", self.global_steps * self._train_batch_size))
         self.skipped_steps = int(state.get("skipped_steps", 0))
-        self.micro_steps = int(state.get("micro_steps", self.global_steps * self._gas))
+        self.micro_steps = self.global_steps * self._gas
+        self._backwards_since_step = 0
         self._window_samples = self.global_samples
 
     @property
@@ -521,16 +820,24 @@ class DscoreEngine(torch.nn.Module):
         tag: str | None = None,
         client_state: dict[str, Any] | None = None,
         save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
     ) -> bool:
-        """Save a checkpoint on every rank (see :func:`dscore.checkpoint.save_checkpoint`). Returns True."""
+        """Save a checkpoint on every rank (see :func:`dscore.checkpoint.save_checkpoint`). Returns True.
+
+        ``exclude_frozen_parameters=True`` leaves parameters with ``requires_grad=False`` out of the module
+        state (DeepSpeed's meaning; a later load into a model that already holds them restores the rest).
+        Warns when gradients of an incomplete accumulation window are pending (they are not saved).
+        """
         from dscore import checkpoint
 
+        self._warn_pending_gradients("save_checkpoint()")
         return checkpoint.save_checkpoint(
             self,
             save_dir,
             tag=tag,
             client_state=client_state if client_state is not None else {},
             save_latest=save_latest,
+            exclude_frozen_parameters=exclude_frozen_parameters,
         )
 
     def load_checkpoint(
@@ -562,6 +869,19 @@ class DscoreEngine(torch.nn.Module):
         return checkpoint.save_16bit_model(self, save_dir, save_filename=save_filename)
 
     save_fp16_model = save_16bit_model
+
+
+def _lease_process_group(runtime: Any) -> bool:
+    """Take one lease on dscore's process group for a new engine (False when there is no facade)."""
+    comm = getattr(runtime, "comm", None)  # unit tests build engines on a bare runtime stand-in
+    from dscore.comm.facade import Comm
+
+    if not isinstance(comm, Comm):
+        return False
+    from dscore.comm.init import PROCESS_GROUP_OWNER
+
+    PROCESS_GROUP_OWNER.acquire(comm)
+    return True
 
 
 def _cast_inputs(

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -72,7 +73,8 @@ def initialize(
         model: the :class:`torch.nn.Module` to train (required; pass it by keyword).
         optimizer: a ``torch.optim.Optimizer`` instance or ``callable(param_groups) -> optimizer``.
         model_parameters: the parameters (or parameter-group dicts) to train; default: the model's
-            parameters with ``requires_grad``.
+            parameters with ``requires_grad``. Ignored with a client optimizer *instance*, whose own
+            ``param_groups`` decide the groups (as in DeepSpeed; empty and frozen groups are kept).
         training_data: a map-style dataset; the engine builds a sharded loader over it.
         lr_scheduler: a scheduler instance or ``callable(optimizer) -> scheduler``.
         distributed_port: rendezvous port when the environment does not give ``MASTER_PORT``.
@@ -86,13 +88,17 @@ def initialize(
     Returns:
         ``(engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler)``. The optimizer is
         None when there is neither a client optimizer nor ``optimizer.type``, the ZeRO stage is 0 and
-        bf16 is off; the loader is None without ``training_data``; the scheduler is None without
+        bf16 is off (ZeRO stage 3 then returns its parameter manager, which gathers, saves and loads);
+        the loader is None without ``training_data``; the scheduler is None without
         ``scheduler.type`` or a client scheduler, and always without an optimizer.
 
     Raises:
         InitializeError: no model, no config, or configs from two sources.
         ConfigError: the config is invalid (raised before any process-group work); ZeRO stage 1 or 2
-            without an optimizer (DeepSpeed: "zero stage 2 requires an optimizer").
+            without an optimizer (DeepSpeed: "zero stage 2 requires an optimizer"); a client optimizer
+            holding tensors that are not the model's parameters (names the group), or not known to be
+            ZeRO-safe without ``zero_allow_untested_optimizer: true``; a client scheduler bound to
+            another optimizer.
         PluginValidationError / PluginLoadError / ComponentNotFoundError: a plugin is broken or missing.
         DistributedError: the process group cannot be created or ranks run different plugins.
     """
@@ -107,6 +113,8 @@ def initialize(
         raise InitializeError(
             "mpu= (model parallelism) is not supported by dscore yet; only data parallelism is available"
         )
+
+    _check_args_local_rank(args)
 
     # 1-2. config, validated before any process-group work
     from dscore.config import load_config
@@ -143,6 +151,12 @@ def initialize(
         distributed_port=distributed_port,
         dist_init_required=dist_init_required,
     )
+    if args is not None and getattr(args, "local_rank", None) is not None:
+        args.local_rank = int(runtime.comm.get_local_rank())  # as DeepSpeed: the launcher's value wins
+    if "activation_checkpointing" in cfg.raw:  # a config without the block keeps an earlier configure()
+        from dscore import checkpointing
+
+        checkpointing.configure(deepspeed_config=cfg, accelerator=runtime.accelerator)
     from dscore.runtime.context import use_runtime
 
     with use_runtime(runtime):
@@ -185,7 +199,7 @@ def _assemble(
     loss_scaler = precision.make_loss_scaler(zero_stage=stage_number)
 
     # 5. optimizer, ZeRO stage, scheduler
-    param_groups = _param_groups(module, model_parameters)
+    param_groups = _param_groups(module, model_parameters, client_optimizer)
     choice = choose_optimizer(cfg, registry, client_optimizer)
     if stage_number in (1, 2) and not choice.has_optimizer:
         raise ConfigError(
@@ -255,6 +269,31 @@ def _assemble(
 # ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
+def _check_args_local_rank(args: Any) -> None:
+    """DeepSpeed's check: a non-negative ``args.local_rank`` must equal the launcher's ``LOCAL_RANK``.
+
+    ``--local_rank`` (set by old launchers, or by hand) and the environment's ``LOCAL_RANK`` disagreeing
+    means the process would pick another device than the launcher meant. A negative value (argparse's
+    usual ``-1`` default) or a missing ``LOCAL_RANK`` skips the check.
+
+    Raises:
+        InitializeError: ``args.local_rank`` is not an int, or disagrees with ``LOCAL_RANK`` (both named).
+    """
+    value = getattr(args, "local_rank", None) if args is not None else None
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InitializeError(f"args.local_rank must be an int, got {value!r} ({type(value).__name__})")
+    env = os.environ.get("LOCAL_RANK")
+    if value < 0 or env is None or not env.strip():
+        return
+    if int(env) != value:
+        raise InitializeError(
+            f"mismatch in local rank setting: args.local_rank={value} but the environment has LOCAL_RANK={env}. "
+            "Drop --local_rank (the launcher sets LOCAL_RANK), or make them agree"
+        )
+
+
 def _config_source(args: Any, config: Any, config_params: Any) -> Any:
     """Pick the one config source (DeepSpeed's rules 4-7 of ``initialize``)."""
     if config is None:
@@ -346,25 +385,43 @@ def _check_device_dtype(precision: PrecisionMode, accelerator: Any) -> None:
         )
 
 
-def _param_groups(module: torch.nn.Module, model_parameters: Iterable[Any] | None) -> list[dict[str, Any]]:
-    """Normalise ``model_parameters`` into torch-style groups of trainable parameters.
+def _param_groups(
+    module: torch.nn.Module, model_parameters: Iterable[Any] | None, client_optimizer: Any = None
+) -> list[dict[str, Any]]:
+    """The parameter-group structure the ZeRO stage partitions and the optimizer steps.
 
-    Accepts None (the module's parameters), an iterable of tensors, an iterable of group dicts, or an
-    iterable of ``(name, tensor)`` pairs. Frozen parameters and empty groups are dropped.
+    * A client optimizer *instance* defines the structure, as in DeepSpeed (its ZeRO wrappers read
+      ``optimizer.param_groups``; ``model_parameters`` only feeds optimizers built from the config or
+      a callable). Group ``i`` of the result is group ``i`` of the client optimizer: same
+      hyper-parameters, same parameters minus frozen ones. Empty and all-frozen groups are *kept* (with
+      ``params: []``) so per-group lists in a client scheduler (``LambdaLR`` lambdas, ``base_lrs``) and
+      ``get_lr()`` keep lining up with the groups the user built.
+    * Otherwise ``model_parameters`` (default: the module's parameters) is normalised: an iterable of
+      group dicts keeps every group (frozen parameters dropped, empty groups kept); an iterable of
+      tensors or ``(name, tensor)`` pairs becomes one group of its trainable tensors (none: ``[]``).
 
     Raises:
-        ConfigError: an element is none of these.
+        ConfigError: an element of ``model_parameters`` is none of these; a group dict has no
+            ``params``; a client optimizer holds a tensor that is not a parameter of the model (names
+            the group and position).
     """
+    if isinstance(client_optimizer, torch.optim.Optimizer):
+        return _client_optimizer_groups(module, client_optimizer, model_parameters)
     source = module.parameters() if model_parameters is None else model_parameters
     items = list(source)
     if not items:
         return []
     if all(isinstance(x, dict) for x in items):
         groups = []
-        for g in items:
-            params = [p for p in g["params"] if p.requires_grad] if "params" in g else []
-            if params:
-                groups.append({**g, "params": params})
+        for gi, g in enumerate(items):
+            if "params" not in g:
+                raise ConfigError(
+                    f"model_parameters group {gi} has no 'params' key; each group dict needs 'params' "
+                    "(a list of tensors) plus optional hyper-parameters such as 'lr'"
+                )
+            raw = g["params"]
+            raw = [raw] if isinstance(raw, torch.Tensor) else list(raw)
+            groups.append({**g, "params": [p for p in raw if p.requires_grad]})
         return groups
     params: list[torch.Tensor] = []
     for x in items:
@@ -377,6 +434,45 @@ def _param_groups(module: torch.nn.Module, model_parameters: Iterable[Any] | Non
         if x.requires_grad:
             params.append(x)
     return [{"params": params}] if params else []
+
+
+def _client_optimizer_groups(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, model_parameters: Iterable[Any] | None
+) -> list[dict[str, Any]]:
+    """Groups mirroring ``optimizer.param_groups`` (see :func:`_param_groups`)."""
+    owned = {id(p) for p in module.parameters()}
+    groups: list[dict[str, Any]] = []
+    for gi, g in enumerate(optimizer.param_groups):
+        for pos, p in enumerate(g["params"]):
+            if id(p) not in owned:
+                raise ConfigError(
+                    f"the client optimizer's param_groups[{gi}] holds a tensor (position {pos}, shape "
+                    f"{tuple(p.shape)}) that is not a parameter of the model passed to dscore.initialize; build "
+                    "the optimizer over the model's own parameters (model.parameters() or groups of them)"
+                )
+        groups.append({**g, "params": [p for p in g["params"] if p.requires_grad]})
+    if model_parameters is not None:
+        given = {id(p) for p in _flat_tensors(model_parameters)}
+        held = {id(p) for g in groups for p in g["params"]}
+        if given and given != held:
+            log.warning(
+                "model_parameters and the client optimizer hold different parameters; the client optimizer's "
+                "param_groups decide what is trained (as in DeepSpeed)"
+            )
+    return groups
+
+
+def _flat_tensors(model_parameters: Iterable[Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for x in model_parameters:
+        if isinstance(x, dict):
+            raw = x.get("params", [])
+            out.extend([raw] if isinstance(raw, torch.Tensor) else list(raw))
+        elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], torch.Tensor):
+            out.append(x[1])
+        elif isinstance(x, torch.Tensor):
+            out.append(x)
+    return [p for p in out if p.requires_grad]
 
 
 def _create_monitors(cfg: Any, registry: Any, rank: int) -> list[Any]:
