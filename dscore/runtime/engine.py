@@ -222,20 +222,20 @@ class DscoreEngine(torch.nn.Module):
 
     def gradient_clipping(self) -> float:
         """``gradient_clipping``: the global gradient-norm bound (0 = off; DeepSpeed's default 1.0)."""
-        return float(getattr(self.config, "gradient_clipping", 0.0) or 0.0)
+        return float(self.config.gradient_clipping or 0.0)
 
     def steps_per_print(self) -> int | None:
         """``steps_per_print`` (None: no periodic progress log)."""
-        value = getattr(self.config, "steps_per_print", None)
+        value = self.config.steps_per_print
         return int(value) if value else None
 
     def wall_clock_breakdown(self) -> bool:
         """``wall_clock_breakdown``: forward/backward/step timings are logged."""
-        return bool(getattr(self.config, "wall_clock_breakdown", False))
+        return bool(self.config.wall_clock_breakdown)
 
     def memory_breakdown(self) -> bool:
         """``memory_breakdown`` (accepted; dscore logs no memory breakdown)."""
-        return bool(getattr(self.config, "memory_breakdown", False))
+        return False  # an accepted-and-ignored key: not a field of the config model
 
     def dynamic_loss_scale(self) -> bool:
         """True when fp16 uses dynamic loss scaling (``fp16.loss_scale == 0``)."""
@@ -251,16 +251,16 @@ class DscoreEngine(torch.nn.Module):
 
     def postscale_gradients(self) -> bool:
         """``not prescale_gradients`` (DeepSpeed's accessor)."""
-        return not bool(getattr(self.config, "prescale_gradients", False))
+        return not self.config.prescale_gradients
 
     def gradient_predivide_factor(self) -> float:
         """``gradient_predivide_factor``."""
-        return float(getattr(self.config, "gradient_predivide_factor", 1.0))
+        return float(self.config.gradient_predivide_factor)
 
     @property
     def communication_data_type(self) -> torch.dtype:
         """dtype of gradient communication: ``communication_data_type`` when set, else fp16/bf16/fp32 by mode."""
-        name = getattr(self.config, "communication_data_type", None)
+        name = self.config.communication_data_type
         if name:
             return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[str(name).lower()]
         if self.fp16_enabled():
@@ -269,7 +269,7 @@ class DscoreEngine(torch.nn.Module):
 
     def dataloader_drop_last(self) -> bool:
         """``dataloader_drop_last``."""
-        return bool(getattr(self.config, "dataloader_drop_last", False))
+        return bool(self.config.dataloader_drop_last)
 
     def zero_optimization(self) -> bool:
         """True when a ZeRO stage above 0 is used."""
@@ -322,30 +322,30 @@ class DscoreEngine(torch.nn.Module):
 
     def zero_allow_untested_optimizer(self) -> bool:
         """``zero_allow_untested_optimizer``."""
-        return bool(getattr(self.config, "zero_allow_untested_optimizer", False))
+        return self.config.zero_allow_untested_optimizer
 
     def zero_force_ds_cpu_optimizer(self) -> bool:
         """``zero_force_ds_cpu_optimizer``."""
-        return bool(getattr(self.config, "zero_force_ds_cpu_optimizer", True))
+        return self.config.zero_force_ds_cpu_optimizer
 
     def optimizer_name(self) -> str | None:
         """``optimizer.type`` as written, or None (a client optimizer, or none)."""
-        opt = getattr(self.config, "optimizer", None)
+        opt = self.config.optimizer
         return None if opt is None else str(opt.type)
 
     def optimizer_params(self) -> dict[str, Any] | None:
         """``optimizer.params`` as written, or None."""
-        opt = getattr(self.config, "optimizer", None)
+        opt = self.config.optimizer
         return None if opt is None else dict(opt.params or {})
 
     def scheduler_name(self) -> str | None:
         """``scheduler.type`` as written, or None."""
-        sched = getattr(self.config, "scheduler", None)
+        sched = self.config.scheduler
         return None if sched is None else str(sched.type)
 
     def scheduler_params(self) -> dict[str, Any] | None:
         """``scheduler.params`` as written, or None."""
-        sched = getattr(self.config, "scheduler", None)
+        sched = self.config.scheduler
         return None if sched is None else dict(sched.params or {})
 
     def checkpoint_tag_validation_enabled(self) -> bool:
