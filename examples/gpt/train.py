@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -50,8 +50,17 @@ class RankZeroParser(argparse.ArgumentParser):
     """
 
     def _print_message(self, message: str, file: Any = None) -> None:
-        if os.environ.get("RANK", "0").strip() in ("", "0"):
+        if _is_rank_zero():
             super()._print_message(message, file)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        # Every rank parses the same arguments, so rank 0 fails too and its exit code ends the job. A silent
+        # rank exiting non-zero first would make the launcher stop rank 0 before it printed why.
+        super().exit(status if _is_rank_zero() else 0, message)
+
+
+def _is_rank_zero() -> bool:
+    return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
