@@ -54,10 +54,10 @@ Guarantees:
   also ``micro_steps`` (DeepSpeed does not), so gradient accumulation resumes in phase.
 
 Engine attributes used (:class:`CheckpointEngine`). Read: ``module`` (not directly: through the ZeRO
-stage), ``zero_stage_impl`` (:class:`~dscore.runtime.zero_api.ZeroStage`: ``module_state_dict()``,
+stage), ``zero_stage_impl`` (:class:`~dscore.protocols.ZeroStage`: ``module_state_dict()``,
 ``state_dict()``, ``load_module_state_dict(sd, strict=)``, ``load_state_dict(sd, load_optimizer_states=)``,
 ``stage``), ``lr_scheduler`` (``state_dict``/``load_state_dict``, may be None), ``loss_scaler``
-(:class:`~dscore.runtime.zero_api.LossScaler` or None), ``global_steps``, ``global_samples``,
+(:class:`~dscore.protocols.LossScaler` or None), ``global_steps``, ``global_samples``,
 ``micro_steps``, ``skipped_steps`` (ints; restored through ``load_counters_state(dict)`` when the engine
 has it, else assigned), ``config`` (``checkpoint.tag_validation``,
 ``zero_optimization.gather_16bit_weights_on_model_save``, ``model_dump()`` stored for inspection),
@@ -86,7 +86,8 @@ from dscore.checkpoint.export import convert_checkpoint, describe_checkpoints, g
 if TYPE_CHECKING:
     import torch
 
-    from dscore.runtime.zero_api import LossScaler, ZeroStage
+    from dscore.protocols.precision import LossScaler
+    from dscore.protocols.zero import ZeroStage
 
 __all__ = [
     "CheckpointEngine",

@@ -4,7 +4,7 @@
 (``deepspeed/runtime/engine.py``): it wraps the user's module, counts micro steps and optimizer steps,
 knows the gradient accumulation boundary, drives the LR scheduler, logs progress and feeds monitors.
 Everything about gradients and parameters between ``backward`` and the optimizer step is delegated to a
-ZeRO-stage plugin (:class:`dscore.runtime.zero_api.ZeroStage`; stage 0 is plain data parallelism), so
+ZeRO-stage plugin (:class:`dscore.protocols.ZeroStage`; stage 0 is plain data parallelism), so
 there is one code path for every stage.
 
 Semantics (DeepSpeed 0.19.8):
@@ -52,7 +52,8 @@ import torch
 from dscore.errors import DscoreError
 from dscore.runtime.logging_utils import log_rank0
 from dscore.runtime.timers import PhaseTimers
-from dscore.runtime.zero_api import LossScaler, PrecisionMode, ZeroStage
+from dscore.protocols.precision import LossScaler, PrecisionMode
+from dscore.protocols.zero import ZeroStage
 
 __all__ = ["DscoreEngine", "EngineError"]
 

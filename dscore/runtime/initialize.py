@@ -37,7 +37,8 @@ from dscore.registry import Registry
 from dscore.runtime.dataloader import DscoreDataLoader
 from dscore.runtime.engine import DscoreEngine
 from dscore.runtime.optimizer_builder import build_lr_scheduler, choose_optimizer
-from dscore.runtime.zero_api import PrecisionMode, ZeroStage, ZeroStageContext
+from dscore.protocols.precision import PrecisionMode
+from dscore.protocols.zero import ZeroStage, ZeroStageContext
 from dscore.specs import MonitorSpec, PrecisionSpec, resolve
 
 __all__ = ["initialize", "InitializeError"]

@@ -128,7 +128,7 @@ def precision_mode(name: str, config: Any) -> Any:
 
 
 def build(stage: int, precision: str = "fp32", *, client: bool = False, **overrides: Any) -> tuple[Any, nn.Module]:
-    from dscore.runtime.zero_api import ZeroStageContext
+    from dscore.protocols.zero import ZeroStageContext
 
     config = zero_config(stage, **overrides)
     mode = precision_mode(precision, config)
@@ -266,7 +266,7 @@ class Wide(nn.Module):
 
 
 def _partition_bytes(stage: int, offload: bool) -> dict[str, Any]:
-    from dscore.runtime.zero_api import ZeroStageContext
+    from dscore.protocols.zero import ZeroStageContext
 
     torch.manual_seed(0)
     model = Wide()
@@ -318,7 +318,7 @@ def test_partition_bytes_are_one_over_n_within_one_percent() -> None:
 # ---------------------------------------------------------------------- zero.Init, GatheredParameters
 def _init_and_gathered() -> dict[str, Any]:
     import dscore
-    from dscore.runtime.zero_api import ZeroStageContext
+    from dscore.protocols.zero import ZeroStageContext
     from dscore.zero import is_partitioned
 
     torch.manual_seed(1234 + __import__("torch.distributed").distributed.get_rank())  # ranks differ on purpose

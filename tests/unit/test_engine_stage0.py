@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dscore.runtime.dataloader import DscoreDataLoader
-from dscore.runtime.zero_api import ZeroStageContext
+from dscore.protocols.zero import ZeroStageContext
 from dscore_plugins.precision.precision import Bf16Mode, Fp32Mode
 from dscore_plugins.zero.stage0 import Stage0
 

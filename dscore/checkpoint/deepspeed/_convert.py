@@ -222,7 +222,7 @@ def to_dscore_optim(
     step_as_tensor: bool = True,
     current_groups: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The ``ZeroStage.state_dict()`` structure (see :mod:`dscore.runtime.zero_api`) for ``full``.
+    """The ``ZeroStage.state_dict()`` structure (see :mod:`dscore.protocols.zero`) for ``full``.
 
     Args:
         step_as_tensor: store ``step`` as a 0-dim fp32 tensor (torch optimizers) instead of a number.

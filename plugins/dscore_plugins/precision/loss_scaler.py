@@ -32,7 +32,7 @@ import logging
 from typing import Any, Literal
 
 from dscore.errors import DscoreError
-from dscore.runtime.zero_api import LossScaler
+from dscore.protocols.precision import LossScaler
 
 __all__ = ["DynamicLossScaler", "LossScaleUnderflowError", "StaticLossScaler", "ScalerAlgorithm"]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from dscore.runtime.zero_api import LossScaler, PrecisionMode
+from dscore.protocols.precision import LossScaler, PrecisionMode
 from dscore_plugins.precision.loss_scaler import DynamicLossScaler, StaticLossScaler
 
 if TYPE_CHECKING:

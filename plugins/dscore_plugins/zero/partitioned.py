@@ -52,7 +52,7 @@ import torch
 
 from dscore.errors import ConfigError
 from dscore.runtime.timers import active_timers
-from dscore.runtime.zero_api import StepOutcome, ZeroStage, ZeroStageContext
+from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.zero._comm import Collectives, Handle
 from dscore_plugins.zero._common import (
     GroupLayout,

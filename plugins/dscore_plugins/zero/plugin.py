@@ -1,7 +1,7 @@
 """Manifest of the built-in ZeRO plugin (torch-free: specs only).
 
 Stage 0 is plain data parallelism; stages 1-3 partition optimizer state, gradients and parameters.
-Each stage's class implements :class:`dscore.runtime.zero_api.ZeroStage`.
+Each stage's class implements :class:`dscore.protocols.ZeroStage`.
 """
 
 from __future__ import annotations

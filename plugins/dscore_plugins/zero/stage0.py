@@ -42,7 +42,7 @@ import torch
 
 from dscore.errors import ConfigError
 from dscore.runtime.timers import active_timers
-from dscore.runtime.zero_api import StepOutcome, ZeroStage, ZeroStageContext
+from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 
 __all__ = ["Stage0", "NoOpOptimizer"]
 
@@ -118,7 +118,7 @@ class Stage0(ZeroStage):
     """Plain data parallelism with flat gradient buffers, optional fp32 master weights, loss scaling.
 
     Args:
-        ctx: see :class:`dscore.runtime.zero_api.ZeroStageContext`. Reads ``config.gradient_clipping``,
+        ctx: see :class:`dscore.protocols.ZeroStageContext`. Reads ``config.gradient_clipping``,
             ``config.gradient_allreduce_op``, ``config.gradient_predivide_factor``,
             ``config.prescale_gradients`` and ``zero_optimization.reduce_bucket_size`` (elements).
 

@@ -48,7 +48,7 @@ from torch.utils._pytree import tree_flatten
 
 from dscore.errors import ConfigError
 from dscore.runtime.timers import active_timers
-from dscore.runtime.zero_api import StepOutcome, ZeroStage, ZeroStageContext
+from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.zero._comm import Collectives, Handle
 from dscore.zero.partition import FlatUnit, unit_of
 from dscore_plugins.zero._common import (
