@@ -2,7 +2,7 @@
 # Two commands do everything on a fresh clone (Python >= 3.10, a C++ compiler, make):
 #   make run   - set up (idempotent) and train the example GPT with 2 ranks (examples/gpt/)
 #   make test  - set up (idempotent) and run the whole test suite (CI runs this, then `make lint`)
-# Other targets: setup (the venv alone), lint (ruff), bench (bench/run_all.sh), clean (remove the venv).
+# Other targets: setup (the venv alone), lint (ruff, import contract, mypy), bench (bench/run_all.sh), clean (remove the venv).
 # After `make setup`, `source .venv/bin/activate` puts `dscore` on PATH.
 PYTHON ?= python3
 VENV ?= .venv
@@ -30,8 +30,12 @@ run: setup
 test: setup
 	$(PY) -m pytest
 
+# ruff; the import contract (pyproject [tool.importlinter]: the core never imports a built-in plugin,
+# plugins never import a private core module); mypy over dscore/ (pyproject [tool.mypy])
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 bench: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH bash bench/run_all.sh

@@ -28,6 +28,7 @@ import importlib
 import importlib.metadata
 import json
 import os
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,7 @@ class PluginRecord:
         status: ``"active"``, ``"disabled"`` or ``"broken"``.
         error: one-line reason when broken or disabled, else ``""``.
         provides: kind -> sorted component names it registered (only for active plugins).
+        warnings: problems that do not stop the plugin, one line each (its manifest imported torch).
     """
 
     name: str
@@ -80,6 +82,7 @@ class PluginRecord:
     error: str = ""
     provides: dict[str, list[str]] = field(default_factory=dict)
     specs: list[ComponentSpec] = field(default_factory=list, repr=False)
+    warnings: list[str] = field(default_factory=list)
 
     def label(self) -> str:
         """``name (distribution version)`` for messages."""
@@ -97,6 +100,7 @@ class PluginRecord:
             "status": self.status,
             "error": self.error or None,
             "provides": {kind: sorted(names) for kind, names in self.provides.items()},
+            "warnings": list(self.warnings),
         }
 
 
@@ -123,6 +127,9 @@ class DscorePluginManager:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.records: dict[str, PluginRecord] = {}
+        # entry points of disabled plugins, loaded only to explain an error (see disabled_providers)
+        self._disabled_entry_points: dict[str, importlib.metadata.EntryPoint] = {}
+        self._disabled_specs: dict[str, list[ComponentSpec]] = {}
 
     # ---------------------------------------------------------------- loading
     def load_entry_points(
@@ -194,11 +201,14 @@ class DscorePluginManager:
             if ep.name.lower() in disabled:
                 record.status = DISABLED
                 record.error = "disabled by DSCORE_DISABLE_PLUGINS or plugins.disable"
+                self._disabled_entry_points[ep.name] = ep
                 continue
             if autoload_off and not record.builtin and ep.name.lower() not in allowed:
                 record.status = DISABLED
                 record.error = "DSCORE_DISABLE_PLUGIN_AUTOLOAD is set and the plugin is not in DSCORE_PLUGINS"
+                self._disabled_entry_points[ep.name] = ep
                 continue
+            torch_before = "torch" in sys.modules
             try:
                 plugin = ep.load()
             except KeyboardInterrupt:
@@ -207,6 +217,13 @@ class DscorePluginManager:
                 record.status = BROKEN
                 record.error = f"import of {ep.value!r} failed: {_one_line(exc)}"
                 continue
+            if not torch_before and "torch" in sys.modules:
+                # cheap check of the "manifests stay light" rule: only the first offender is seen
+                record.warnings.append(
+                    f"importing its manifest {ep.value!r} imported torch; a manifest must import only dscore.specs "
+                    "and dscore.hookspecs (put torch imports in the modules its import strings name), or every "
+                    "dscore command pays for torch"
+                )
             self._register(record, plugin)
 
     def register_object(self, plugin: object, name: str, *, distribution: str = "", version: str = "") -> PluginRecord:
@@ -303,6 +320,43 @@ class DscorePluginManager:
     def broken_records(self) -> list[PluginRecord]:
         """Records of broken plugins."""
         return [r for r in self.records.values() if r.status == BROKEN]
+
+    def disabled_records(self) -> list[PluginRecord]:
+        """Records of installed plugins that were disabled (by name or by autoload being off)."""
+        return [r for r in self.records.values() if r.status == DISABLED]
+
+    def disabled_providers(self, kind: str, name: str) -> list[PluginRecord]:
+        """Disabled plugins whose manifest registers a ``kind`` component called ``name`` (aliases and
+        case included), so an error can say "plugin X provides it but is disabled" instead of "not
+        installed".
+
+        Each disabled manifest is imported at most once, into a scratch manager (its hooks never join
+        this one); a manifest that cannot be imported is skipped. Only error paths call this.
+        """
+        wanted = str(name).lower()
+        return [
+            record
+            for record in self.disabled_records()
+            if any(s.kind == kind and wanted in {n.lower() for n in s.all_names()} for s in self.disabled_specs(record))
+        ]
+
+    def disabled_specs(self, record: PluginRecord) -> list[ComponentSpec]:
+        """What the disabled plugin ``record`` would register (``[]`` when its manifest cannot be loaded or
+        it was registered without an entry point). Imported once, into a scratch manager."""
+        specs = self._disabled_specs.get(record.name)
+        if specs is None:
+            specs = []
+            ep = self._disabled_entry_points.get(record.name)
+            if ep is not None:
+                scratch = DscorePluginManager()
+                try:
+                    probe: PluginRecord | None = scratch.register_object(ep.load(), record.name)
+                except Exception:  # noqa: BLE001 - only used to improve a message
+                    probe = None
+                if probe is not None and probe.status == ACTIVE:
+                    specs = list(probe.specs)
+            self._disabled_specs[record.name] = specs
+        return specs
 
     def check_healthy(self) -> None:
         """Raise when any plugin implements an unknown hook, so a misspelled hook fails at start.

@@ -176,7 +176,7 @@ def exchange_or_rename(src: str, dst: str) -> str | None:
 def remove_stale(save_dir: str, tag: str) -> list[str]:
     """Delete leftovers of killed saves of ``tag`` (``.<tag>.tmp-*``, ``.<tag>.old-*``) and stray
     ``latest.tmp-*`` files. Assumes one job saves into ``save_dir`` at a time. Returns what was removed."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(save_dir)
     except FileNotFoundError:

@@ -20,7 +20,7 @@ import os
 import struct
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -272,8 +272,9 @@ def read_tensor_file(path: str) -> tuple[dict[str, torch.Tensor], dict[str, str]
         f.seek(data_start)
         pos = 0
         for name, entry in ordered:
-            begin, stop = entry["data_offsets"]  # type: ignore[misc]
-            t = torch.empty(entry["shape"], dtype=_CODE_TO_DTYPE[entry["dtype"]])  # type: ignore[arg-type,index]
+            offsets = cast("list[int]", entry["data_offsets"])
+            begin, stop = int(offsets[0]), int(offsets[1])
+            t = torch.empty(cast("list[int]", entry["shape"]), dtype=_CODE_TO_DTYPE[cast(str, entry["dtype"])])
             if begin != pos:
                 f.seek(data_start + begin)
             view = _bytes_view(t)

@@ -12,7 +12,10 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dscore.config.model import DscoreConfig
 
 __all__ = ["add_arguments", "run", "summary"]
 
@@ -42,9 +45,9 @@ def _offload_device(zero: Any, name: str) -> str | None:
     return getattr(block, "device", None) if block is not None else None
 
 
-def summary(cfg: Any) -> dict[str, Any]:
+def summary(cfg: DscoreConfig) -> dict[str, Any]:
     """The resolved values ``dscore config check --json`` prints (see the module docstring)."""
-    zero = cfg.section("zero_optimization")
+    zero = cfg.section("zero_optimization", None)
     return {
         "source": cfg.source_name,
         "world_size": cfg.world_size,
@@ -52,6 +55,7 @@ def summary(cfg: Any) -> dict[str, Any]:
         "train_micro_batch_size_per_gpu": cfg.train_micro_batch_size_per_gpu,
         "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
         "zero_stage": cfg.zero_stage,
+        "zero_implementation": cfg.zero_implementation,
         "fp16_enabled": cfg.fp16_enabled,
         "bf16_enabled": cfg.bf16_enabled,
         "optimizer_type": cfg.optimizer.type if cfg.optimizer is not None else None,
@@ -102,7 +106,9 @@ def run(args: argparse.Namespace) -> int:
     except DscoreError as exc:
         path = exc.path if isinstance(exc, ConfigError) else ""
         if args.json:
-            payload = {"error": {"type": type(exc).__name__, "path": path, "message": str(exc)}}
+            payload: dict[str, dict[str, Any]] = {
+                "error": {"type": type(exc).__name__, "path": path, "message": str(exc)}
+            }
             if isinstance(exc, ConfigError) and len(exc.errors) > 1:
                 payload["error"]["errors"] = [{"path": p, "message": m} for p, m in exc.errors]
             print(json.dumps(payload, indent=2))

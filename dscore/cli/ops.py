@@ -124,8 +124,13 @@ def _build(registry, specs: list[OpBuilderSpec], names: list[str], *, verbose: b
         if not chosen:
             print("no ops selected (DS_BUILD_OPS / DS_BUILD_<OP> select none)")
             return 0
+    from tqdm import tqdm
+
+    # a progress bar over the ops on a terminal (stderr); the per-op result lines go to stdout above it
+    bar = tqdm(chosen, desc="building ops", unit="op", disable=not sys.stderr.isatty(), leave=False)
     failures = 0
-    for spec in chosen:
+    for spec in bar:
+        bar.set_postfix_str(spec.name)
         try:
             builder = op_builder_class(spec.name, registry)()
             ok, reason = builder.compatibility()
@@ -133,20 +138,20 @@ def _build(registry, specs: list[OpBuilderSpec], names: list[str], *, verbose: b
             ok, reason = False, str(exc)
         if not ok:
             if explicit:
-                print(f"FAILED   {spec.name}: not compatible here: {reason}")
+                tqdm.write(f"FAILED   {spec.name}: not compatible here: {reason}")
                 failures += 1
             else:
                 why = f"selected by DS_BUILD_OPS/{spec.build_env_var}, but " if strict_env else ""
-                print(f"skipped  {spec.name}: {why}not compatible here: {reason}")
+                tqdm.write(f"skipped  {spec.name}: {why}not compatible here: {reason}")
             continue
         start = time.perf_counter()
         try:
             builder.load(verbose=verbose)
             library = builder.cached_build()
         except DscoreError as exc:
-            print(f"FAILED   {spec.name}: {exc}")
+            tqdm.write(f"FAILED   {spec.name}: {exc}")
             failures += 1
             continue
         where = library if library is not None else spec.name
-        print(f"built    {spec.name} ({time.perf_counter() - start:.1f} s) -> {where}")
+        tqdm.write(f"built    {spec.name} ({time.perf_counter() - start:.1f} s) -> {where}")
     return 1 if failures else 0

@@ -1,5 +1,8 @@
 """``dscore plugins list [--json] [--kind KIND] [--probe]``: what is installed and what each plugin provides.
 
+``dscore plugins check-imports PATH...`` runs the import contract (:mod:`dscore.import_contract`: only
+public dscore names) over a plugin's source files; exit status 1 when it finds a violation.
+
 A broken plugin is listed with its one-line reason and the command still exits 0. Nothing heavy is
 imported: only the plugins' manifest modules. The status ``active`` means the plugin loaded; whether an
 accelerator can be used on this machine is a separate question, answered by ``--probe``: it runs every
@@ -12,16 +15,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dscore.specs import SPEC_KINDS
+
+if TYPE_CHECKING:
+    from dscore.registry import Registry
 
 __all__ = ["add_arguments", "probe_accelerators", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``list`` is the only action; it is also the default."""
+    """``list`` (the default) and ``check-imports``."""
     sub = parser.add_subparsers(dest="action")
+    check = sub.add_parser(
+        "check-imports",
+        help="check that plugin sources import only public dscore names (the import contract)",
+        allow_abbrev=False,
+    )
+    check.add_argument("paths", nargs="+", metavar="PATH", help="Python files or directories (searched recursively)")
     lst = sub.add_parser("list", help="list installed plugins", allow_abbrev=False)
     for p in (parser, lst):
         p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
@@ -37,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def probe_accelerators(registry: Any) -> dict[str, dict[str, tuple[bool, str]]]:
+def probe_accelerators(registry: Registry) -> dict[str, dict[str, tuple[bool, str]]]:
     """Run every active accelerator's probe: ``{plugin name: {accelerator name: (usable, reason)}}``.
 
     Probes import torch (and a vendor bridge where installed) but create no device context; a probe that
@@ -55,6 +67,27 @@ def probe_accelerators(registry: Any) -> dict[str, dict[str, tuple[bool, str]]]:
     return found
 
 
+def _check_imports(paths: list[str]) -> int:
+    from dscore.import_contract import check_paths, python_files
+
+    try:
+        files = python_files(paths)
+        violations = check_paths(paths)
+    except FileNotFoundError as exc:
+        print(f"dscore: error: {exc}", file=sys.stderr)
+        return 2
+    for line in violations:
+        print(line)
+    if violations:
+        print(
+            f"{len(violations)} violation(s) in {len(files)} file(s): plugins may import only public dscore names "
+            "(no module or name starting with '_'); see CONTRIBUTING.md, 'The contract'"
+        )
+        return 1
+    print(f"import contract: ok, {len(files)} file(s) checked")
+    return 0
+
+
 def _usable_text(usable: dict[str, tuple[bool, str]] | None) -> str:
     if not usable:
         return "-"
@@ -65,7 +98,11 @@ def _usable_text(usable: dict[str, tuple[bool, str]] | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the plugin table (or JSON); always exits 0 unless the output cannot be written."""
+    """Print the plugin table (or JSON); always exits 0 unless the output cannot be written.
+
+    ``check-imports`` exits 0 when clean, 1 on a violation, 2 when a path does not exist."""
+    if args.action == "check-imports":
+        return _check_imports(args.paths)
     from dscore.plugin_manager import create_plugin_manager
     from dscore.registry import Registry
 
@@ -75,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
     if args.kind:
         records = [r for r in records if args.kind in r.provides]
     probed = probe_accelerators(registry) if args.probe else None
+    for r in records:  # stderr, so the JSON on stdout stays parsable
+        for warning in r.warnings:
+            print(f"dscore: warning: plugin {r.label()}: {warning}", file=sys.stderr)
     if args.json:
         rows = [r.as_json() for r in records]
         if probed is not None:
@@ -101,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     for r in records:
         provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in r.provides.items())
         status = r.status if r.status == "active" else f"{r.status}: {r.error}"
+        if r.warnings:
+            status += " (warning: " + "; ".join(r.warnings) + ")"
         cells = [r.name, r.distribution, r.version, "built-in" if r.builtin else "third-party", status, provides]
         if probed is not None:
             cells.append(_usable_text(probed.get(r.name)))

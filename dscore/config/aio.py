@@ -9,9 +9,9 @@ Differences from DeepSpeed, all on the side of refusing what would not work: unk
 (DeepSpeed ignores them), ``block_size`` must be a multiple of 4096 (the ``O_DIRECT`` alignment the op
 uses), and ``use_gds: true`` is refused (GPUDirect Storage is not implemented: the op moves host memory).
 
-The registered section is used by :meth:`dscore_plugins.ops.aio.AsyncIOHandle.from_config`. No training
-path uses it yet (``offload_optimizer``/``offload_param`` with ``device: nvme`` are refused), and loading
-a config that sets it says so in a warning.
+The registered section configures every :class:`dscore_plugins.ops.aio.AsyncIOHandle` built with
+``from_config``: the swap-file I/O of ZeRO's NVMe offload (``offload_optimizer`` / ``offload_param`` with
+``device: nvme``).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class AioConfig(SectionModel):
 
     @classmethod
     def migrate_legacy(cls, value: Any, *, root: dict[str, Any], warn: Callable[[str], None]) -> Any:
-        """Rename ``thread_count`` to ``intra_op_parallelism`` and note that nothing uses the section yet.
+        """Rename ``thread_count`` to ``intra_op_parallelism`` (with a warning).
 
         Raises:
             ConfigError: both spellings are given (``aio.thread_count``).
@@ -84,10 +84,4 @@ class AioConfig(SectionModel):
             value = dict(value)
             value["intra_op_parallelism"] = value.pop("thread_count")
             warn("'aio.thread_count' is deprecated; use 'aio.intra_op_parallelism' (migrated)")
-        if isinstance(value, dict) and value:
-            warn(
-                "'aio' is validated, but no training path uses it yet: NVMe offload (offload_optimizer / "
-                "offload_param with device 'nvme') is not implemented; it only configures "
-                "dscore_plugins.ops.aio.AsyncIOHandle.from_config"
-            )
         return value

@@ -16,10 +16,15 @@ Mirrors DeepSpeed's ``_do_error_check`` / ``_initialize_params``:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dscore.config.errors import Problem
 from dscore.config.keys import MONITOR_KEYS
+from dscore.specs import MonitorSpec
+
+if TYPE_CHECKING:
+    from dscore.config.model import DscoreConfig
+    from dscore.registry import Registry
 
 __all__ = ["cross_check"]
 
@@ -28,15 +33,37 @@ def _problem(path: str, text: str) -> Problem:
     return (path, f"{path}: {text}", tuple(path.split(".")))
 
 
-def cross_check(cfg: Any, registry: Any) -> list[Problem]:
-    """Return the cross-section problems of the validated config ``cfg``."""
+def _check_zero_implementation(implementation: str | None, stage: int, registry: Registry) -> list[Problem]:
+    """``zero_optimization.implementation`` must name a registered ZeRO stage of ``stage`` (as
+    ``optimizer.type`` must name a registered optimizer): checked here so ``dscore config check`` sees it."""
+    if implementation is None:
+        return []
+    from dscore.errors import DscoreError
+
+    try:
+        registry.zero_stage(stage, implementation=implementation)
+    except DscoreError as exc:  # not installed / disabled / broken / other stage / two providers
+        text = str(exc)
+        prefix = "zero_optimization.implementation: "
+        return [_problem("zero_optimization.implementation", text[len(prefix) :] if text.startswith(prefix) else text)]
+    return []
+
+
+def cross_check(cfg: DscoreConfig, registry: Registry) -> list[Problem]:
+    """Return the cross-section problems of the validated config ``cfg``.
+
+    The plugin-owned sections (``fp16``, ``bf16``, ``zero_optimization``) are read through
+    :meth:`DscoreConfig.section` (None when no plugin registers them); their keys with ``getattr``
+    defaults, since another plugin's model of the same section may not define them.
+    """
     problems: list[Problem] = []
     stage = cfg.zero_stage
-    fp16 = getattr(cfg, "fp16", None)
-    bf16 = getattr(cfg, "bf16", None)
+    fp16 = cfg.section("fp16", None)
+    bf16 = cfg.section("bf16", None)
     if cfg.fp16_enabled and cfg.bf16_enabled:
         problems.append(_problem("bf16.enabled", "fp16 and bf16 cannot both be enabled (fp16.enabled is also true)"))
-    zero = getattr(cfg, "zero_optimization", None)
+    zero = cfg.section("zero_optimization", None)
+    problems += _check_zero_implementation(getattr(zero, "implementation", None), stage, registry)
     for name, need in (("offload_optimizer", 1), ("offload_param", 3)):
         block = getattr(zero, name, None)
         device = getattr(block, "device", "none")
@@ -73,9 +100,9 @@ def cross_check(cfg: Any, registry: Any) -> list[Problem]:
             problems.append(
                 _problem("data_types.param_dtype", f"{param_dtype!r} does not match the enabled precision {mode!r}")
             )
-    handled = {getattr(spec, "config_key", None) for spec in registry.specs("monitor")}
-    for key in sorted(MONITOR_KEYS | (handled - {None})):
-        section = getattr(cfg, key, None)
+    handled = {spec.config_key for spec in registry.specs("monitor") if isinstance(spec, MonitorSpec)}
+    for key in sorted(MONITOR_KEYS | handled):
+        section = cfg.section(key, None)
         if section is not None and getattr(section, "enabled", False) and key not in handled:
             installed = ", ".join(sorted(k for k in handled if k)) or "(none)"
             problems.append(

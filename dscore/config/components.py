@@ -9,15 +9,18 @@ defaults are not injected.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
 from dscore.config.errors import Problem, problems_from_validation, short_repr
 from dscore.errors import ComponentNotFoundError, PluginLoadError, did_you_mean
-from dscore.specs import resolve
+from dscore.specs import LRSchedulerSpec, OptimizerSpec, resolve
 
-__all__ = ["validate_components", "COMPONENT_BLOCKS"]
+if TYPE_CHECKING:
+    from dscore.registry import Registry
+
+__all__ = ["validate_components", "COMPONENT_BLOCKS", "params_model_of"]
 
 _TORCH_MODULES = {"optimizer": "torch.optim", "lr_scheduler": "torch.optim.lr_scheduler"}
 
@@ -45,7 +48,12 @@ def _torch_class_names(kind: str) -> list[str]:
 COMPONENT_BLOCKS: dict[str, str] = {"optimizer": "optimizer", "scheduler": "lr_scheduler"}
 
 
-def _params_model(spec: Any, registry: Any) -> type[BaseModel] | None:
+def params_model_of(spec: OptimizerSpec | LRSchedulerSpec, registry: Registry) -> type[BaseModel] | None:
+    """The pydantic model class named by ``spec.params_model``, or None when the spec has none.
+
+    Raises:
+        PluginLoadError: the import string cannot be imported or is not a pydantic model (names the plugin).
+    """
     if not spec.params_model:
         return None
     record = registry.provider(spec)
@@ -69,7 +77,7 @@ def _params_model(spec: Any, registry: Any) -> type[BaseModel] | None:
     return model
 
 
-def validate_components(data: dict[str, Any], registry: Any, warn: Callable[[str], None]) -> list[Problem]:
+def validate_components(data: dict[str, Any], registry: Registry, warn: Callable[[str], None]) -> list[Problem]:
     """Check ``optimizer`` and ``scheduler`` in ``data`` (edited in place only to drop a type-less block).
 
     A block without ``type`` means "no component from the config" (DeepSpeed's behaviour); it is dropped
@@ -114,6 +122,13 @@ def validate_components(data: dict[str, Any], registry: Any, warn: Callable[[str
             torch_names = _torch_class_names(kind) if "torch" in {n.lower() for n in registry.names(kind)} else []
             if any(n.lower() == name.lower() for n in torch_names):
                 continue  # any torch.optim / torch.optim.lr_scheduler class by name; torch checks its params
+            disabled = registry.manager.disabled_providers(kind, name)
+            if disabled:
+                from dscore.registry import disabled_message
+
+                text = disabled_message(kind, repr(name), disabled)
+                problems.append((f"{key}.type", f"{key}.type: {text}", (key, "type")))
+                continue
             close = did_you_mean(name, [*exc.available, *torch_names])
             hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             problems.append(
@@ -126,7 +141,8 @@ def validate_components(data: dict[str, Any], registry: Any, warn: Callable[[str
                 )
             )
             continue
-        model = _params_model(spec, registry)
+        assert isinstance(spec, (OptimizerSpec, LRSchedulerSpec))
+        model = params_model_of(spec, registry)
         if model is None or not isinstance(params, dict):
             continue
         checked = {k: v for k, v in params.items() if not (key == "optimizer" and k == "max_grad_norm")}

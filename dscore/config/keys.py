@@ -170,9 +170,10 @@ GATED_KEYS: dict[str, KeyPolicy] = {
 
 #: Keys DeepSpeed reads that only tune logging, debugging or performance of features dscore lacks.
 IGNORED_KEYS: dict[str, str] = {
-    "pipeline": "pipeline-parallel settings apply only to a PipelineModule, which dscore does not support",
+    # validated by the engine plugin's "pipeline" section when that plugin is active
+    "pipeline": "pipeline-parallel settings; the engine plugin that validates them is disabled",
     # validated by the ops plugin's "aio" section when that plugin is active (dscore.config.aio)
-    "aio": "async_io op tuning; the ops plugin that validates it is disabled and no training path uses it",
+    "aio": "async_io op tuning; the ops plugin that validates it (and runs NVMe offload) is disabled",
     "timers": "DeepSpeed's throughput timer settings",
     "seq_parallel_communication_data_type": "sequence parallelism is not implemented",
     "disable_allgather": "a legacy DeepSpeed switch with no effect on dscore's ZeRO",

@@ -16,7 +16,7 @@ Steps, all problems of one config reported together in one :class:`~dscore.error
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -29,7 +29,10 @@ from dscore.config.keys import DEEPSPEED_KEYS
 from dscore.config.legacy import apply_key_policies, migrate_sections
 from dscore.config.loader import read_source
 from dscore.config.model import DscoreConfig, _copy_json, build_config_model
-from dscore.errors import ConfigError
+from dscore.errors import ConfigError, DscoreError
+
+if TYPE_CHECKING:
+    from dscore.registry import Registry
 
 __all__ = ["load_config"]
 
@@ -65,6 +68,44 @@ def _default_registry(data: dict[str, Any]) -> Any:
     return Registry(create_plugin_manager(disable=names))
 
 
+def _disabled_sections(registry: Registry) -> dict[str, list[Any]]:
+    """Lower-case section key -> the disabled plugins that would register it (empty when none is
+    disabled: the usual case costs nothing)."""
+    manager = registry.manager
+    found: dict[str, list[Any]] = {}
+    for record in manager.disabled_records():
+        for spec in manager.disabled_specs(record):
+            if spec.kind == "config_section":
+                for name in spec.all_names():
+                    found.setdefault(name.lower(), []).append(record)
+    return found
+
+
+def _selected_zero_stage(cfg: DscoreConfig, registry: Registry) -> str | None:
+    """The ZeRO stage spec name ``initialize`` will pick (an unknown implementation was already a problem)."""
+    zero = cfg.section("zero_optimization", None)
+    if zero is None:
+        return None
+    try:
+        return registry.zero_stage(cfg.zero_stage, implementation=getattr(zero, "implementation", None)).name
+    except DscoreError:
+        return None
+
+
+def _explain_disabled_section(problem: Problem, registry: Registry) -> Problem:
+    """An unknown top-level key that an installed but disabled plugin registers as its section says so
+    (and how to enable the plugin) instead of only "unknown key"."""
+    path, message, keys = problem
+    if len(keys) != 1 or ": unknown key" not in message:
+        return problem
+    disabled = registry.manager.disabled_providers("config_section", str(keys[0]))
+    if not disabled:
+        return problem
+    from dscore.registry import disabled_message
+
+    return path, f"{path}: unknown key: " + disabled_message("config_section", repr(keys[0]), disabled), keys
+
+
 def _delete(data: Any, keys: tuple[Any, ...]) -> bool:
     node = data
     for key in keys[:-1]:
@@ -93,7 +134,7 @@ def load_config(
     source: Any,
     *,
     world_size: int = 1,
-    registry: Any = None,
+    registry: Registry | None = None,
     strict: bool | None = None,
     source_name: str | None = None,
     world_size_source: str | None = None,
@@ -187,6 +228,7 @@ def load_config(
             break
         except ValidationError as exc:
             found = problems_from_validation(exc, data, model_cls, extra_known=known_top)
+            found = [_explain_disabled_section(p, registry) for p in found]
             unknown = [p for p in found if ": unknown key" in p[1]]
             removable = [p for p in unknown if _delete(data, p[2])] if lenient else []
             if not lenient or not removable or attempt == _MAX_LENIENT_PASSES - 1:
@@ -203,4 +245,6 @@ def load_config(
     cfg._raw = raw
     cfg._pending_auto = tuple(pending)
     cfg._world_size = world_size
+    cfg._disabled_sections = _disabled_sections(registry)
+    cfg._zero_implementation = _selected_zero_stage(cfg, registry)
     return cfg

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, StrictBool, create_model, field_validator
 
@@ -24,6 +24,12 @@ from dscore.config.base import (
 )
 from dscore.errors import ConfigError, PluginConflictError, PluginLoadError
 from dscore.specs import ConfigSectionSpec, resolve
+
+#: "no default given" for :meth:`DscoreConfig.section`
+_REQUIRED: Any = object()
+
+if TYPE_CHECKING:
+    from dscore.registry import Registry
 
 __all__ = [
     "OptimizerConfig",
@@ -230,6 +236,9 @@ class DscoreConfig(SectionModel):
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
     _pending_auto: tuple[PendingAuto, ...] = PrivateAttr(default=())
     _world_size: int = PrivateAttr(default=1)
+    _zero_implementation: str | None = PrivateAttr(default=None)
+    # lower-case section key -> disabled PluginRecords that register it (for section()'s error only)
+    _disabled_sections: dict[str, list[Any]] = PrivateAttr(default_factory=dict)
 
     @field_validator("gradient_allreduce_op", mode="before")
     @classmethod
@@ -275,6 +284,13 @@ class DscoreConfig(SectionModel):
         return int(getattr(zero, "stage", 0) or 0)
 
     @property
+    def zero_implementation(self) -> str | None:
+        """The name of the registered ZeRO stage plugin ``dscore.initialize`` will use
+        (``zero_optimization.implementation``, else the default one of ``zero_optimization.stage``), as
+        selected when the config was loaded; None when no ZeRO stage plugin is installed for it."""
+        return self._zero_implementation
+
+    @property
     def fp16_enabled(self) -> bool:
         """``fp16.enabled`` (False when no fp16 section is registered)."""
         return bool(getattr(getattr(self, "fp16", None), "enabled", False))
@@ -284,11 +300,50 @@ class DscoreConfig(SectionModel):
         """``bf16.enabled`` (False when no bf16 section is registered)."""
         return bool(getattr(getattr(self, "bf16", None), "enabled", False))
 
-    def section(self, key: str) -> Any:
-        """The validated section ``key`` (``"zero_optimization"``), or ``None`` if nobody registers it."""
-        return getattr(self, key, None)
+    def section(self, key: str, default: Any = _REQUIRED) -> Any:
+        """The validated section ``key`` (``"zero_optimization"``, a plugin's ``"ema"``).
 
-    def resolve_model_auto(self, hidden_size: int) -> DscoreConfig:
+        A registered section that the user left out is its model's defaults, or ``None`` when the model
+        has required fields (an optional block such as ``optimizer``).
+
+        Args:
+            key: a top-level key: a section registered by an active plugin or one of the core's.
+            default: returned when no active plugin registers ``key``; without it that is an error, so a
+                misspelled or unregistered name never reads as "section absent".
+
+        Raises:
+            ComponentNotFoundError: ``key`` is not a field of this config and no default was given; names
+                the registered sections and close matches, or the installed-but-disabled plugin that
+                registers it and how to enable it.
+        """
+        fields = type(self).model_fields
+        if key in fields:
+            return getattr(self, key)
+        if default is not _REQUIRED:
+            return default
+        from dscore.errors import ComponentNotFoundError, did_you_mean
+
+        plugin_sections = sorted(k for k in fields if k not in CORE_KEYS)
+        core_sections = sorted(k for k in CORE_KEYS if _is_section_field(fields[k].annotation))
+        close = did_you_mean(key, list(fields))
+        disabled = self._disabled_sections.get(key.lower(), [])
+        if disabled:
+            from dscore.registry import disabled_message
+
+            message = disabled_message("config_section", repr(key), disabled)
+        else:
+            message = (
+                f"config.section({key!r}): no active plugin registers a ds_config section {key!r}. "
+                f"Registered by plugins: {', '.join(plugin_sections) or '(none)'}; core sections: "
+                f"{', '.join(core_sections)}."
+                + (f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else "")
+                + f" Pass a default (config.section({key!r}, None)) where the section is optional."
+            )
+        raise ComponentNotFoundError(
+            message, kind="config_section", name=key, available=[*plugin_sections, *core_sections], suggestions=close
+        )
+
+    def resolve_model_auto(self, hidden_size: int | None) -> DscoreConfig:
         """Return a new config with every model-dependent ``"auto"`` filled in from ``hidden_size``.
 
         Formulas (:data:`dscore.config.base.MODEL_AUTO_FORMULAS`, as the HF Trainer):
@@ -350,6 +405,14 @@ def _copy_json(value: Any) -> Any:
     return value
 
 
+def _is_section_field(annotation: Any) -> bool:
+    """True when a core field holds a model (``checkpoint``, ``optimizer``), not a scalar."""
+    import typing
+
+    args = typing.get_args(annotation) or (annotation,)
+    return any(isinstance(a, type) and issubclass(a, BaseModel) for a in args)
+
+
 #: Top-level keys the core defines; a plugin cannot claim them as a section.
 CORE_KEYS: frozenset[str] = frozenset(DscoreConfig.model_fields)
 
@@ -363,7 +426,7 @@ class SectionInfo:
     provider: str
 
 
-def build_config_model(registry: Any) -> tuple[type[DscoreConfig], dict[str, SectionInfo]]:
+def build_config_model(registry: Registry) -> tuple[type[DscoreConfig], dict[str, SectionInfo]]:
     """Assemble the full config model from :class:`DscoreConfig` plus every registered section.
 
     Args:
@@ -412,8 +475,8 @@ def build_config_model(registry: Any) -> tuple[type[DscoreConfig], dict[str, Sec
                 version=record.version,
             )
         sections[spec.name] = SectionInfo(spec=spec, model=model, provider=record.label())
-    key = tuple((name, info.model, info.spec.description) for name, info in sections.items())
-    return _assemble(key), sections
+    assembly = tuple((name, info.model, info.spec.description) for name, info in sections.items())
+    return _assemble(assembly), sections
 
 
 @functools.lru_cache(maxsize=64)

@@ -123,7 +123,7 @@ def _env_files(environ: Mapping[str, str], cwd: str, home: str) -> list[str]:
                 f"{ENV_FILE_NAME} from {home} and {cwd}"
             )
         return [explicit]
-    found = []
+    found: list[str] = []
     for directory in (home, cwd):
         path = os.path.join(directory, ENV_FILE_NAME)
         if os.path.isfile(path) and os.path.realpath(path) not in [os.path.realpath(p) for p in found]:

@@ -323,7 +323,7 @@ class OpenMPIRunner(Runner):
 
     name = "openmpi"
     binary = "mpirun"
-    programs = ("mpirun.openmpi", "mpiexec.openmpi", "orterun", "mpirun")
+    programs: tuple[str, ...] = ("mpirun.openmpi", "mpiexec.openmpi", "orterun", "mpirun")
     flavour_marker = "Open MPI|OpenRTE"
 
     def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
@@ -347,7 +347,7 @@ class MPICHRunner(Runner):
 
     name = "mpich"
     binary = "mpirun"
-    programs = ("mpiexec.hydra", "mpirun.mpich", "mpiexec.mpich", "mpirun")
+    programs: tuple[str, ...] = ("mpiexec.hydra", "mpirun.mpich", "mpiexec.mpich", "mpirun")
     flavour_marker = "HYDRA"
 
     def validate(self, ctx: RunnerContext) -> None:

@@ -23,25 +23,56 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["OpBuilder", "CPUOpBuilder", "CUDAOpBuilder", "cache_root", "get_op_builder", "op_builder_class"]
 
 
+def _active_registry() -> tuple[Registry, bool]:
+    """The current runtime's registry (``plugins.disable`` holds) or, outside ``initialize``, a fresh one."""
+    from dscore.runtime.context import peek_runtime
+
+    runtime = peek_runtime()
+    if runtime is not None:
+        return runtime.registry, True
+    from dscore.plugin_manager import create_plugin_manager
+    from dscore.registry import Registry
+
+    return Registry(create_plugin_manager()), False
+
+
 def op_builder_class(name: str, registry: Registry | None = None) -> type[OpBuilder]:
     """Return the :class:`OpBuilder` subclass registered under ``name`` (case-insensitive, aliases too).
 
     Args:
         name: op name (``"cpu_adam"``).
-        registry: the registry to search; default: one over the installed plugins.
+        registry: the registry to search; default: the current runtime's (inside ``dscore.initialize`` and
+            training, so a plugin disabled by ``plugins.disable`` stays disabled), else — outside any
+            runtime, e.g. in the CLI — one over the installed plugins.
 
     Raises:
-        ComponentNotFoundError / PluginLoadError: no active plugin registers ``name`` (lists what exists).
+        ComponentNotFoundError / PluginLoadError: no active plugin registers ``name`` (lists what exists and,
+            when plugins are disabled in this run, names them: one of them may be the provider).
         OpBuildError: the registered import string does not resolve to an ``OpBuilder`` subclass.
     """
+    from dscore.errors import ComponentNotFoundError
     from dscore.specs import OpBuilderSpec, resolve
 
+    from_runtime = False
     if registry is None:
-        from dscore.plugin_manager import create_plugin_manager
-        from dscore.registry import Registry
-
-        registry = Registry(create_plugin_manager())
-    spec = registry.get_typed(OpBuilderSpec, name)
+        registry, from_runtime = _active_registry()
+    try:
+        spec = registry.get_typed(OpBuilderSpec, name)
+    except ComponentNotFoundError as exc:
+        disabled = [r for r in registry.manager.records.values() if r.status == "disabled"]
+        if not disabled:
+            raise
+        where = "this run's runtime" if from_runtime else "this registry"
+        names = ", ".join(f"{r.name!r} ({r.value})" for r in disabled)
+        raise ComponentNotFoundError(
+            f"op builder {name!r} is not available in {where}: plugin(s) {names} are disabled "
+            "(plugins.disable in ds_config or DSCORE_DISABLE_PLUGINS) and may be the provider. Remove it from "
+            f"the disable list to use {name!r}. {exc}",
+            kind=exc.kind,
+            name=exc.name,
+            available=exc.available,
+            suggestions=exc.suggestions,
+        ) from exc
     try:
         cls = resolve(spec.builder)
     except (ImportError, AttributeError, ValueError) as exc:
@@ -54,8 +85,11 @@ def op_builder_class(name: str, registry: Registry | None = None) -> type[OpBuil
 def get_op_builder(name: str, registry: Registry | None = None) -> OpBuilder:
     """Return a new instance of the op builder registered as ``name``; never ``None``.
 
+    Looked up in ``registry``, else the current runtime's registry, else (outside ``initialize``) the
+    installed plugins — see :func:`op_builder_class`.
+
     Raises:
-        ComponentNotFoundError / PluginLoadError: no such op builder is installed.
+        ComponentNotFoundError / PluginLoadError: no such op builder is active (names disabled plugins).
         OpBuildError: the registration does not resolve to an ``OpBuilder`` subclass.
     """
     return op_builder_class(name, registry)()

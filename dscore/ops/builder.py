@@ -14,8 +14,9 @@ An op builder subclass declares what to compile (``sources()``, ``include_dirs()
    ``cpu_adam`` rebuild on every load when a venv's ninja and the system ninja alternated);
 4. if a completed build with the same source digest is there, imports the ``.so`` directly (no ninja
    run, a few milliseconds);
-5. otherwise takes an ``flock`` on ``<dir>.lock`` (released by the kernel when the holder dies, so a
-   killed build never blocks forever; a live build by another rank is waited for up to a timeout),
+5. otherwise takes a :mod:`filelock` lock on ``<dir>.lock`` (an ``flock``, released by the kernel when the
+   holder dies, so a killed build never blocks forever; a live build by another rank is waited for up to
+   a timeout),
    removes a stale torch ``lock`` baton left by a killed build with a warning, and builds through
    ``torch.utils.cpp_extension.load`` with ninja.
 
@@ -27,8 +28,6 @@ are restored afterwards.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -104,65 +103,64 @@ def _pid_alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def build_lock(lock_path: Path, *, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S, poll_s: float = 0.2) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``lock_path`` for the block (one builder per cache entry).
+    """Hold an exclusive lock on ``lock_path`` for the block (one builder per cache entry).
 
-    The kernel drops an ``flock`` when its holder dies, so a build killed with SIGKILL cannot leave a
-    lock that blocks forever; the dead owner recorded in the file is logged as a warning. A live owner
-    (another rank building the same op) is waited for, polling every ``poll_s`` seconds.
+    The lock is :class:`filelock.FileLock` (an ``flock`` on POSIX): the kernel drops it when its holder
+    dies, so a build killed with SIGKILL cannot leave a lock that blocks forever. The holder writes its
+    pid and host into the file; a dead previous owner found there is logged as a warning (its build was
+    interrupted). A live owner (another rank building the same op) is waited for, polling every
+    ``poll_s`` seconds.
 
     Raises:
-        OpBuildError: the lock was still held after ``timeout_s`` seconds (names the owner and the file).
+        OpBuildError: the lock was still held after ``timeout_s`` seconds (names the owner and the file),
+            or the lock file cannot be created.
     """
+    import filelock
+
     lock_path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+    lock = filelock.FileLock(str(lock_path), mode=0o666)
     try:
-        deadline = time.monotonic() + timeout_s
-        waited = False
-        while True:
+        try:
+            lock.acquire(timeout=0)
+        except filelock.Timeout:
+            logger.info("waiting for another process building into %s (%s)", lock_path.parent, _owner(lock_path))
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                    raise OpBuildError(f"cannot lock {lock_path}: {exc}") from exc
-            if not waited:
-                logger.info("waiting for another process building into %s (%s)", lock_path.parent, _owner(fd))
-                waited = True
-            if time.monotonic() >= deadline:
+                lock.acquire(timeout=timeout_s, poll_interval=poll_s)
+            except filelock.Timeout:
                 raise OpBuildError(
                     f"timed out after {timeout_s:.0f} s waiting for the build lock {lock_path} held by "
-                    f"{_owner(fd)}; if that build is stuck, stop it (or raise DSCORE_OPS_LOCK_TIMEOUT)"
-                )
-            time.sleep(poll_s)
-        previous = _read_owner(fd)
+                    f"{_owner(lock_path)}; if that build is stuck, stop it (or raise DSCORE_OPS_LOCK_TIMEOUT)"
+                ) from None
+    except OSError as exc:
+        raise OpBuildError(f"cannot lock {lock_path}: {exc}") from exc
+    try:
+        previous = _read_owner(lock_path)
         if previous and previous.get("host") == socket.gethostname() and not _pid_alive(int(previous.get("pid", 0))):
             logger.warning(
                 "removed a stale build lock %s left by process %s (no longer running, build was interrupted)",
                 lock_path,
                 previous.get("pid"),
             )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}).encode(), 0)
+        lock_path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()}))
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            lock_path.write_text("")  # no owner while nobody holds it
     finally:
-        os.close(fd)
+        lock.release()
 
 
-def _read_owner(fd: int) -> dict[str, Any]:
+def _read_owner(lock_path: Path) -> dict[str, Any]:
     try:
-        raw = os.pread(fd, 4096, 0)
-        data = json.loads(raw.decode()) if raw.strip() else {}
+        raw = lock_path.read_text()
+        data = json.loads(raw) if raw.strip() else {}
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 
 
-def _owner(fd: int) -> str:
-    data = _read_owner(fd)
+def _owner(lock_path: Path) -> str:
+    data = _read_owner(lock_path)
     return f"pid {data.get('pid', '?')} on {data.get('host', '?')}" if data else "an unknown process"
 
 
@@ -392,7 +390,11 @@ class OpBuilder:
             self.NAME, "C++/CUDA" if plan.with_cuda else "C++", plan.directory,
         )
         try:
-            with _scoped_env(plan.env), _scoped_torch_cuda_home(cpp_extension, plan.env.get("CUDA_HOME")):
+            with (
+                _scoped_env(plan.env),
+                _scoped_torch_cuda_home(cpp_extension, plan.env.get("CUDA_HOME")),
+                _build_progress(self.NAME, quiet=verbose),
+            ):
                 cpp_extension.load(
                     name=plan.module_name,
                     sources=[str(s) for s in plan.sources],
@@ -419,6 +421,36 @@ class OpBuilder:
         os.replace(tmp, plan.directory / _STAMP)
         logger.warning("built op %s in %.1f s (cached: later runs load it at once)", self.NAME, time.perf_counter() - start)
         return library
+
+
+@contextlib.contextmanager
+def _build_progress(name: str, *, quiet: bool) -> Iterator[None]:
+    """A live elapsed-time line (tqdm, on stderr) while ninja compiles ``name``, when stderr is a terminal.
+
+    Nothing is shown in logs and pipes, nor with ``verbose`` (ninja's own output is shown then).
+    """
+    if quiet or not sys.stderr.isatty():
+        yield
+        return
+    import threading
+
+    from tqdm import tqdm
+
+    bar = tqdm(total=None, desc=f"building op {name}", bar_format="{desc}: {elapsed} elapsed", leave=False)
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(0.5):
+            bar.refresh()
+
+    ticker = threading.Thread(target=tick, name=f"dscore-op-build-{name}", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()
 
 
 @contextlib.contextmanager

@@ -282,7 +282,15 @@ def check_cuda_versions(nvcc_version: str, torch_cuda_version: str | None, envir
         raise OpBuildError(
             "this torch build has no CUDA support (torch.version.cuda is None); CUDA ops need a CUDA build of torch"
         )
-    if nvcc_version.split(".")[0] == torch_cuda_version.split(".")[0]:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        same_major = Version(nvcc_version).major == Version(torch_cuda_version).major
+    except InvalidVersion as exc:
+        raise OpBuildError(
+            f"cannot compare CUDA versions nvcc {nvcc_version!r} and torch {torch_cuda_version!r}: {exc}"
+        ) from exc
+    if same_major:
         return
     message = (
         f"CUDA version mismatch: nvcc (CUDA_HOME) is CUDA {nvcc_version} but torch was built with CUDA "

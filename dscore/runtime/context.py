@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from dscore.errors import DscoreError
 
 if TYPE_CHECKING:
     from dscore.runtime.runtime import Runtime
 
-__all__ = ["current_runtime", "peek_runtime", "reset_runtime", "set_runtime", "use_runtime"]
+__all__ = ["current_runtime", "peek_runtime", "reset_runtime", "runtime_scoped", "set_runtime", "use_runtime"]
 
 _CURRENT: contextvars.ContextVar[Runtime | None] = contextvars.ContextVar("dscore_runtime", default=None)
 
@@ -61,3 +62,25 @@ def use_runtime(runtime: Runtime) -> Iterator[Runtime]:
         yield runtime
     finally:
         _CURRENT.reset(token)
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def runtime_scoped(method: _F) -> _F:
+    """Decorate a method of an object holding ``self.runtime`` so the call runs with that runtime current.
+
+    The engine's ``forward``/``backward``/``step`` use it: deep code reached during training (an op built
+    lazily, a ZeRO helper) then finds the engine's runtime — its registry (``plugins.disable`` holds), its
+    accelerator and comm — instead of none, or another engine's.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _CURRENT.set(self.runtime)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _CURRENT.reset(token)
+
+    return wrapper  # type: ignore[return-value]

@@ -7,16 +7,20 @@ Rules (DeepSpeed ``deepspeed/runtime/engine.py::_configure_optimizer`` / ``_conf
   scheduler's per-group lists stay aligned; DeepSpeed drops empty groups, which breaks a ``LambdaLR``
   built before ``initialize``). A client *callable* is called with the parameter groups; otherwise
   ``optimizer.type`` is looked up in the
-  registry (case-insensitive, aliases included) and its factory called as ``factory(params, **params)``.
-  A type no plugin registers falls back to the spec named ``"torch"``, called with
-  ``type_name=<type as written>`` (any ``torch.optim`` class, case-sensitive like DeepSpeed: ``"SGD"``
-  works, ``"sgd"`` does not). A client optimizer wins over ``optimizer.type`` (a warning says so).
+  registry (case-insensitive, aliases included) and its factory called as ``factory(param_groups, ctx)``
+  with an :class:`~dscore.protocols.OptimizerContext` whose ``section`` is ``optimizer.params`` validated
+  by the spec's ``params_model`` (defaults filled in by the model, nowhere else). A type no plugin
+  registers falls back to the spec named ``"torch"``, whose section is a
+  :class:`~dscore.protocols.TorchClassParams` (any ``torch.optim`` class; exact name first as DeepSpeed,
+  then a unique case-insensitive match). A client optimizer wins over ``optimizer.type`` (a warning says so).
+* **Capabilities come from the specs** (``OptimizerSpec.offload_capable``, ``offload_factory``,
+  ``zero_supported``, ``classes``), never from class names.
 * **Offload.** With ``zero_optimization.offload_optimizer.device`` in ``{cpu, nvme}``, a client optimizer
-  whose class is not offload-capable (no registered ``OptimizerSpec(offload_capable=True)`` builds it and
-  the class has no true ``offload_capable`` attribute) is refused unless ``zero_force_ds_cpu_optimizer``
-  is false. A configured type that is not offload-capable is refused the same way.
+  whose exact class is not built by an offload-capable spec (:func:`is_offload_capable`) is refused unless
+  ``zero_force_ds_cpu_optimizer`` is false. A configured type whose spec is not offload-capable is refused
+  the same way; an offload-capable one is built by its ``offload_factory`` when it has one.
 * **Untested optimizers.** Under ZeRO stages 1-3 a client optimizer (instance or callable result) whose
-  class is not known to be ZeRO-safe (:func:`is_zero_supported`) is refused unless
+  exact class no ``zero_supported`` spec builds (:func:`is_zero_supported`) is refused unless
   ``zero_allow_untested_optimizer: true`` (DeepSpeed's ``_do_optimizer_sanity_check``).
 * **LR scheduler.** The config's ``scheduler.type`` wins over a client scheduler (as DeepSpeed); a client
   scheduler is an instance or a callable taking the engine's optimizer, and must be bound to the
@@ -29,10 +33,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
 
 from dscore.errors import ComponentNotFoundError, ConfigError
 from dscore.specs import LRSchedulerSpec, OptimizerSpec, resolve
+
+if TYPE_CHECKING:
+    import torch
+
+    from dscore.config.model import DscoreConfig
+    from dscore.registry import Registry
+    from dscore.runtime.runtime import Runtime
 
 __all__ = [
     "OptimizerChoice",
@@ -40,12 +53,19 @@ __all__ = [
     "check_offload_compatible",
     "check_zero_supported",
     "choose_optimizer",
+    "is_offload_capable",
     "is_zero_supported",
+    "lookup_component",
+    "component_section",
+    "optimizer_offload",
 ]
 
 log = logging.getLogger("dscore.runtime.optimizer_builder")
 
 TORCH_FALLBACK = "torch"
+
+#: ``factory(param_groups) -> torch.optim.Optimizer`` as handed to the ZeRO stage
+OptimizerFactory = Callable[[list[dict[str, Any]]], Any]
 
 
 class OptimizerChoice:
@@ -61,8 +81,8 @@ class OptimizerChoice:
     def __init__(
         self,
         *,
-        client_optimizer: Any = None,
-        factory: Callable[[list[dict[str, Any]]], Any] | None = None,
+        client_optimizer: torch.optim.Optimizer | None = None,
+        factory: OptimizerFactory | None = None,
         spec: OptimizerSpec | None = None,
         description: str = "none",
     ) -> None:
@@ -77,7 +97,7 @@ class OptimizerChoice:
         return self.client_optimizer is not None or self.factory is not None
 
 
-def _lookup(registry: Any, kind: str, type_name: str, config_path: str) -> tuple[Any, bool]:
+def lookup_component(registry: Registry, kind: str, type_name: str, config_path: str) -> tuple[Any, bool]:
     """Return ``(spec, is_torch_fallback)`` for ``type_name``.
 
     Raises:
@@ -92,31 +112,79 @@ def _lookup(registry: Any, kind: str, type_name: str, config_path: str) -> tuple
             raise missing from None
 
 
-def _offload_device(config: Any) -> str:
-    zero = config.section("zero_optimization") if hasattr(config, "section") else None
-    off = getattr(zero, "offload_optimizer", None)
-    device = getattr(off, "device", None) if off is not None else None
-    return str(getattr(device, "value", device) or "none").lower()
+def _runtime(runtime: Runtime | None) -> Runtime:
+    if runtime is not None:
+        return runtime
+    from dscore.runtime.context import current_runtime
+
+    return current_runtime()
 
 
-def choose_optimizer(config: Any, registry: Any, client: Any) -> OptimizerChoice:
+def component_section(
+    spec: OptimizerSpec | LRSchedulerSpec, registry: Registry, type_name: str, params: dict[str, Any], *,
+    fallback: bool, path: str,
+) -> BaseModel:
+    """The validated section a factory receives: ``params`` through the spec's ``params_model``.
+
+    The torch fallback gets :class:`~dscore.protocols.TorchClassParams`, a spec without a params model
+    :class:`~dscore.protocols.OpaqueParams`.
+
+    Raises:
+        ConfigError: ``params`` fail the model (one problem per key path under ``path``, the same message
+            :func:`dscore.config.load_config` gives).
+        PluginLoadError: the params model cannot be imported.
+    """
+    from dscore.config.components import params_model_of
+    from dscore.config.errors import problems_from_validation, raise_problems
+    from dscore.protocols.context import OpaqueParams, TorchClassParams
+
+    if fallback:
+        return TorchClassParams(type_name=type_name, params=dict(params))
+    model = params_model_of(spec, registry)
+    if model is None:
+        return OpaqueParams(params=dict(params))
+    try:
+        return model.model_validate(params)
+    except ValidationError as exc:
+        prefix = tuple(path.split("."))
+        raise_problems(problems_from_validation(exc, params, model, prefix=prefix), source=path)
+        raise  # unreachable: raise_problems raised
+
+
+def optimizer_offload(config: DscoreConfig) -> bool:
+    """True when ``zero_optimization.offload_optimizer.device`` is ``cpu`` or ``nvme``."""
+    zero = config.section("zero_optimization", None)
+    off = zero.offload_optimizer if zero is not None else None
+    return off is not None and str(off.device).lower() in ("cpu", "nvme")
+
+
+def choose_optimizer(
+    config: DscoreConfig,
+    registry: Registry,
+    client: torch.optim.Optimizer | OptimizerFactory | None,
+    *,
+    runtime: Runtime | None = None,
+) -> OptimizerChoice:
     """Decide where the optimizer comes from (see the module docstring).
 
     Args:
         config: the validated DscoreConfig.
         registry: the runtime's :class:`dscore.registry.Registry`.
         client: ``initialize(optimizer=...)``: an optimizer instance, a callable, or None.
+        runtime: the runtime given to the factory's context (default: the current one, which
+            ``dscore.initialize`` sets).
 
     Raises:
-        ConfigError: ``optimizer.params`` holds ``max_grad_norm``; an offload-incompatible optimizer is
-            used with ZeRO optimizer offload and ``zero_force_ds_cpu_optimizer`` is true; a client
-            optimizer not known to be ZeRO-safe under ZeRO 1-3 without ``zero_allow_untested_optimizer``.
+        ConfigError: ``optimizer.params`` holds ``max_grad_norm`` or fails the params model; an
+            offload-incompatible optimizer is used with ZeRO optimizer offload and
+            ``zero_force_ds_cpu_optimizer`` is true; a client optimizer not known to be ZeRO-safe under
+            ZeRO 1-3 without ``zero_allow_untested_optimizer``.
         ComponentNotFoundError: ``optimizer.type`` is not registered and no ``torch`` fallback exists.
     """
     import torch
 
-    opt_cfg = getattr(config, "optimizer", None)
-    offload = _offload_device(config) in ("cpu", "nvme")
+    opt_cfg = config.optimizer
+    offload = optimizer_offload(config)
     if client is not None:
         if opt_cfg is not None:
             log.warning(
@@ -143,52 +211,75 @@ def choose_optimizer(config: Any, registry: Any, client: Any) -> OptimizerChoice
         )
     if opt_cfg is None:
         return OptimizerChoice()
-    params = dict(opt_cfg.params or {})
+    params = dict(opt_cfg.params)
     if "max_grad_norm" in params:
         raise ConfigError(
             "'max_grad_norm' is not supported as an optimizer parameter; use the top-level "
             "'gradient_clipping' key instead",
             path="optimizer.params.max_grad_norm",
         )
-    spec, fallback = _lookup(registry, "optimizer", opt_cfg.type, "optimizer.type")
+    spec, fallback = lookup_component(registry, "optimizer", opt_cfg.type, "optimizer.type")
     assert isinstance(spec, OptimizerSpec)
-    if offload and not spec.offload_capable and bool(getattr(config, "zero_force_ds_cpu_optimizer", True)):
+    if offload and not spec.offload_capable and config.zero_force_ds_cpu_optimizer:
         raise ConfigError(
             f"optimizer.type = {opt_cfg.type!r} cannot run with zero_optimization.offload_optimizer on the CPU/NVMe "
             "(its optimizer is not offload-capable). Choose an offload-capable optimizer (Adam, AdamW, Adagrad, "
             "Lion) or set zero_force_ds_cpu_optimizer: false to use it anyway.",
             path="optimizer.type",
         )
-    factory = resolve(spec.offload_factory if offload and spec.offload_factory else spec.factory)
-    type_name = opt_cfg.type
+    from dscore.protocols.context import OptimizerContext
+
+    section = component_section(
+        spec, registry, opt_cfg.type, params, fallback=fallback, path="optimizer.params"
+    )
+    ctx = OptimizerContext(
+        config=config, section=section, runtime=_runtime(runtime), path="optimizer.params", offload=offload
+    )
+    factory: Any = registry.load(spec, "offload_factory" if offload and spec.offload_factory else "factory")
 
     def from_config(groups: list[dict[str, Any]]) -> Any:
-        if fallback:
-            return factory(groups, type_name=type_name, **params)
-        return factory(groups, **params)
+        return factory(groups, ctx)
 
-    desc = f"{type_name} ({'torch.optim fallback' if fallback else spec.name}{', offload variant' if offload and spec.offload_factory else ''})"
+    variant = ", offload variant" if offload and spec.offload_factory else ""
+    desc = f"{opt_cfg.type} ({'torch.optim fallback' if fallback else spec.name}{variant})"
     return OptimizerChoice(factory=from_config, spec=spec, description=desc)
 
 
-def check_offload_compatible(config: Any, registry: Any, cls: type) -> None:
+def _built_by(spec: OptimizerSpec, cls: type) -> bool:
+    """True when ``cls`` is exactly one of the classes ``spec`` declares it builds."""
+    for target in spec.classes:
+        try:
+            built = resolve(target)
+        except Exception:  # noqa: BLE001 - an optional optimizer that cannot load is not the client's class
+            continue
+        if built is cls:
+            return True
+    return False
+
+
+def is_offload_capable(registry: Registry, cls: type) -> bool:
+    """True when an offload-capable spec runs exactly ``cls`` under optimizer offload.
+
+    That is a spec with ``offload_capable=True`` and no ``offload_factory`` (its own factory runs under
+    offload) listing ``cls`` in ``classes`` — dscore's CPU optimizers, ``torch.optim.Adagrad``. A spec with
+    an ``offload_factory`` (``adam``) swaps in another optimizer under offload, so the classes its plain
+    factory builds (``torch.optim.AdamW``) are not offload-capable as client optimizers (DeepSpeed refuses
+    them too).
+    """
+    return any(
+        isinstance(spec, OptimizerSpec) and spec.offload_capable and not spec.offload_factory and _built_by(spec, cls)
+        for spec in registry.specs("optimizer")
+    )
+
+
+def check_offload_compatible(config: DscoreConfig, registry: Registry, cls: type) -> None:
     """Refuse a non offload-capable optimizer class under ZeRO optimizer offload (§4 of the reference).
 
     Raises:
         ConfigError: naming ``zero_force_ds_cpu_optimizer: false`` as the way out.
     """
-    if not bool(getattr(config, "zero_force_ds_cpu_optimizer", True)):
+    if not config.zero_force_ds_cpu_optimizer or is_offload_capable(registry, cls):
         return
-    if getattr(cls, "offload_capable", False):
-        return
-    for spec in registry.specs("optimizer"):
-        if isinstance(spec, OptimizerSpec) and spec.offload_capable:
-            try:
-                built = resolve(spec.factory)
-            except Exception:  # a broken optional optimizer cannot be the client's class
-                continue
-            if isinstance(built, type) and issubclass(cls, built):
-                return
     raise ConfigError(
         f"the client optimizer {cls.__module__}.{cls.__name__} is not offload-capable, but "
         "zero_optimization.offload_optimizer puts optimizer states on the CPU/NVMe. Use an offload-capable "
@@ -198,51 +289,32 @@ def check_offload_compatible(config: Any, registry: Any, cls: type) -> None:
     )
 
 
-# DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS, by exact class (``type(opt) in ...``): torch's Adam, AdamW and
-# Adagrad, plus the registered names of the fused / CPU optimizers DeepSpeed lists.
-_ZERO_SUPPORTED_TORCH = ("Adam", "AdamW", "Adagrad")
-_ZERO_SUPPORTED_SPECS = (
-    "FusedAdam", "FusedLion", "DscoreCPUAdam", "DscoreCPUAdagrad", "DscoreCPULion",
-)
+def is_zero_supported(registry: Registry, cls: type) -> bool:
+    """True when a spec with ``zero_supported=True`` builds exactly ``cls`` (DeepSpeed's
+    ``ZERO_SUPPORTED_OPTIMIZERS``: ``type(opt) in ...``).
 
-
-def is_zero_supported(registry: Any, cls: type) -> bool:
-    """True when ``cls`` is an optimizer class known to be correct over ZeRO partitions.
-
-    Known: exactly ``torch.optim.Adam``/``AdamW``/``Adagrad``; the classes registered under
-    DeepSpeed's fused/CPU names (``FusedAdam``, ``FusedLion``, ``DscoreCPUAdam``, ``DscoreCPUAdagrad``,
-    ``DscoreCPULion``); any class with a true ``zero_supported`` class attribute (how a plugin
-    declares an element-wise optimizer ZeRO-safe). Subclasses of torch's optimizers are *not* known, as in
-    DeepSpeed (they may override ``step`` with cross-element logic).
+    The built-in specs declare torch's ``Adam``/``AdamW``/``Adagrad``, dscore's fused and CPU Adam,
+    Adagrad and Lion, and ``MuonWithAuxAdam``. Subclasses are *not* known, as in DeepSpeed (they may
+    override ``step`` with cross-element logic); a plugin declares its own optimizer ZeRO-safe with
+    ``OptimizerSpec(zero_supported=True, classes=(...,))``.
     """
-    import torch
-
-    if getattr(cls, "zero_supported", False) is True:
-        return True
-    if any(cls is getattr(torch.optim, name) for name in _ZERO_SUPPORTED_TORCH):
-        return True
-    for name in _ZERO_SUPPORTED_SPECS:
-        try:
-            spec = registry.get("optimizer", name)
-            built = resolve(spec.factory)
-        except Exception:  # noqa: BLE001 - an optional optimizer that cannot load is not the client's class
-            continue
-        if built is cls:
-            return True
-    return False
+    return any(
+        isinstance(spec, OptimizerSpec) and spec.zero_supported and _built_by(spec, cls)
+        for spec in registry.specs("optimizer")
+    )
 
 
-def check_zero_supported(config: Any, registry: Any, cls: type) -> None:
+def check_zero_supported(config: DscoreConfig, registry: Registry, cls: type) -> None:
     """Refuse a client optimizer class not known to be ZeRO-safe under ZeRO stages 1-3 (DeepSpeed
     ``_do_optimizer_sanity_check``) unless ``zero_allow_untested_optimizer: true``.
 
     Raises:
         ConfigError: naming ``zero_allow_untested_optimizer`` and the optimizer class.
     """
-    stage = int(getattr(config, "zero_stage", 0) or 0)
+    stage = config.zero_stage
     if stage == 0 or is_zero_supported(registry, cls):
         return
-    if bool(getattr(config, "zero_allow_untested_optimizer", False)):
+    if config.zero_allow_untested_optimizer:
         log.warning(
             "ZeRO stage %d with the untested client optimizer %s.%s (zero_allow_untested_optimizer: true); "
             "proceed with caution", stage, cls.__module__, cls.__name__,
@@ -250,38 +322,53 @@ def check_zero_supported(config: Any, registry: Any, cls: type) -> None:
         return
     raise ConfigError(
         f"the client optimizer {cls.__module__}.{cls.__name__} is not known to be correct under ZeRO stage {stage} "
-        "(known: torch.optim.Adam, AdamW, Adagrad and dscore's fused/CPU Adam, Adagrad and Lion). Set "
+        "(known: torch.optim.Adam, AdamW, Adagrad, dscore's fused/CPU Adam, Adagrad and Lion, and the optimizers "
+        "plugins declare zero_supported). Set "
         '"zero_allow_untested_optimizer": true in ds_config to use it anyway (element-wise optimizers such as '
         "SGD are safe), or use zero_optimization.stage 0",
         path="zero_allow_untested_optimizer",
     )
 
 
-def build_lr_scheduler(config: Any, registry: Any, optimizer: Any, client: Any) -> Any:
+def build_lr_scheduler(
+    config: DscoreConfig,
+    registry: Registry,
+    optimizer: torch.optim.Optimizer | None,
+    client: Any,
+    *,
+    runtime: Runtime | None = None,
+) -> Any:
     """Create the LR scheduler driving ``optimizer`` (see the module docstring), or None.
+
+    A configured ``scheduler.type`` is built as ``factory(optimizer, ctx)`` with a
+    :class:`~dscore.protocols.SchedulerContext` whose ``section`` is the validated ``scheduler.params``
+    (``runtime``: default the current one).
 
     Raises:
         ConfigError: the client scheduler is neither an object with ``step()`` nor a callable, is bound to
             another optimizer object, or has a different number of per-group learning rates.
         ComponentNotFoundError: ``scheduler.type`` is unknown and no ``torch`` fallback exists.
     """
-    sched_cfg = getattr(config, "scheduler", None)
+    sched_cfg = config.scheduler
     if optimizer is None:
         if sched_cfg is not None or client is not None:
             log.warning("an LR scheduler was given but there is no optimizer; it is ignored (as in DeepSpeed)")
         return None
     if sched_cfg is not None:
-        spec, fallback = _lookup(registry, "lr_scheduler", sched_cfg.type, "scheduler.type")
+        spec, fallback = lookup_component(registry, "lr_scheduler", sched_cfg.type, "scheduler.type")
         assert isinstance(spec, LRSchedulerSpec)
-        factory = resolve(spec.factory)
-        params = dict(sched_cfg.params or {})
+        from dscore.protocols.context import SchedulerContext
+
+        factory: Any = registry.load(spec)
+        section = component_section(
+            spec, registry, sched_cfg.type, dict(sched_cfg.params), fallback=fallback, path="scheduler.params"
+        )
         if client is not None:
             log.warning(
                 "both scheduler.type=%r and a client lr_scheduler were given; using the config's", sched_cfg.type
             )
-        if fallback:
-            return factory(optimizer, type_name=sched_cfg.type, **params)
-        return factory(optimizer, **params)
+        ctx = SchedulerContext(config=config, section=section, runtime=_runtime(runtime), path="scheduler.params")
+        return factory(optimizer, ctx)
     if client is None:
         return None
     if hasattr(client, "step") and hasattr(client, "state_dict"):

@@ -12,12 +12,13 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from dscore.accelerator import Accelerator
     from dscore.comm.env import DistributedEnv
     from dscore.comm.facade import Comm
+    from dscore.config.model import DscoreConfig
     from dscore.plugin_manager import DscorePluginManager
     from dscore.registry import Registry
 
@@ -50,7 +51,7 @@ class Runtime:
     def create(
         cls,
         *,
-        config: Any = None,
+        config: DscoreConfig | None = None,
         accelerator: str | None = None,
         disable_plugins: Sequence[str] = (),
         dist_backend: str | None = None,
@@ -93,8 +94,8 @@ class Runtime:
         from dscore.registry import Registry
 
         if accelerator is None and config is not None:
-            accelerator = getattr(config, "accelerator", None)
-        config_disable = list(getattr(getattr(config, "plugins", None), "disable", None) or [])
+            accelerator = config.accelerator
+        config_disable = list(config.plugins.disable) if config is not None else []
         manager = plugin_manager or (registry.manager if registry is not None else None)
         if manager is None:
             manager = create_plugin_manager(

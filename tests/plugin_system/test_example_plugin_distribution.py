@@ -69,26 +69,29 @@ def test_install_list_select_uninstall(plugin_venv: Path, tmp_path: Path) -> Non
     assert row["status"] == "active", row["error"]
     assert row["provides"] == {"lr_scheduler": ["InverseSqrtLR"], "optimizer": ["SignSGD"]}
 
-    # the plugin's components resolve and really train a step, in the venv that has it
+    # selected by config, built by dscore.initialize through the typed contexts, it really trains a step
     code = (
-        "import torch\n"
-        "from dscore.plugin_manager import create_plugin_manager\n"
-        "from dscore.registry import Registry\n"
-        "from dscore.specs import resolve\n"
-        "reg = Registry(create_plugin_manager())\n"
-        "opt_spec = reg.get('optimizer', 'signsgd', config_path='optimizer.type')\n"
-        "params = resolve(opt_spec.params_model)(lr=0.5, momentum=0.0)\n"
-        "w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))\n"
-        "opt = resolve(opt_spec.factory)([w], **params.model_dump())\n"
-        "sched = resolve(reg.get('lr_scheduler', 'InverseSqrtLR').factory)(opt, warmup_num_steps=1)\n"
-        "(w * torch.tensor([3.0, -4.0])).sum().backward()\n"
-        "opt.step(); sched.step()\n"
-        "print(w.tolist(), sched.get_last_lr())\n"
+        "import torch, dscore\n"
+        "model = torch.nn.Linear(2, 1, bias=False)\n"
+        "with torch.no_grad(): model.weight.copy_(torch.tensor([[1.0, -2.0]]))\n"
+        "cfg = {'train_batch_size': 1, 'gradient_clipping': 0.0,\n"
+        "       'optimizer': {'type': 'SignSGD', 'params': {'lr': 0.5, 'momentum': 0.0}},\n"
+        "       'scheduler': {'type': 'InverseSqrtLR', 'params': {'warmup_num_steps': 1}}}\n"
+        "engine, opt, _, sched = dscore.initialize(model=model, config=cfg)\n"
+        "loss = engine(torch.tensor([[3.0, -4.0]])).sum()\n"
+        "engine.backward(loss); engine.step()\n"
+        "print(engine.module.weight.detach().flatten().tolist(), sched.get_last_lr())\n"
+        "engine.close()\n"
     )
-    proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([py, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     # lr at step 0 of InverseSqrtLR is 0 -> no movement; sched then moves to step 1 -> lr 0.5
-    assert proc.stdout.strip() == "[1.0, -2.0] [0.5]"
+    assert proc.stdout.strip().splitlines()[-1] == "[1.0, -2.0] [0.5]", proc.stdout
+
+    # a bad value is refused at initialize with the key path, like dscore's own optimizers
+    bad = code.replace("'momentum': 0.0", "'momentum': 1.5")
+    proc = subprocess.run([py, "-c", bad], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "ConfigError" in proc.stderr and "optimizer.params.momentum" in proc.stderr
 
     proc = _pip(py, "uninstall", "-y", "dscore-example-plugin")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -87,8 +87,13 @@ def test_disabled_by_env_and_by_argument(site: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("DSCORE_DISABLE_PLUGINS", "fake_a")
     manager = create_plugin_manager()
     assert manager.records["fake_a"].status == "disabled"
-    with pytest.raises(ComponentNotFoundError, match="no optimizer named 'OnlyA' is installed"):
-        Registry(manager).get("optimizer", "OnlyA")
+    with pytest.raises(ComponentNotFoundError) as info:
+        Registry(manager).get("optimizer", "only_A")
+    text = str(info.value)
+    assert "installed plugin fake_a (dscore-fake-a 1.0), which is disabled" in text
+    assert "remove fake_a from DSCORE_DISABLE_PLUGINS" in text and "may not be installed" not in text
+    with pytest.raises(ComponentNotFoundError, match="no optimizer named 'Nothing' is installed.*may not be installed"):
+        Registry(manager).get("optimizer", "Nothing")
     monkeypatch.delenv("DSCORE_DISABLE_PLUGINS")
     assert create_plugin_manager(disable=["FAKE_A"]).records["fake_a"].status == "disabled"
 

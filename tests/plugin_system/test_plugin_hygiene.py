@@ -54,7 +54,7 @@ def test_plugins_list_json_shape_lists_every_builtin() -> None:
     by_name = {r["name"]: r for r in rows}
     for name in declared:
         row = by_name[name]
-        assert set(row) == {"name", "distribution", "version", "builtin", "status", "error", "provides"}
+        assert set(row) == {"name", "distribution", "version", "builtin", "status", "error", "provides", "warnings"}
         assert row["builtin"] is True and row["distribution"] == "dscore"
         assert row["status"] == "active", f"built-in plugin {name} is {row['status']}: {row['error']}"
         assert row["provides"], f"built-in plugin {name} provides nothing"

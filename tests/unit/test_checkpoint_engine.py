@@ -67,14 +67,20 @@ def _same_state(a, b) -> None:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """One engine trained 3 steps and saved twice (global_step3, then 'extra' without moving latest)."""
+    """One engine trained 3 steps and saved twice (global_step3, then 'extra' without moving latest).
+
+    ``initialize`` exports RANK/WORLD_SIZE/...; a module fixture runs outside the per-test environment
+    restore, so it restores the environment itself (else WORLD_SIZE leaks into later test modules)."""
+    saved_env = dict(os.environ)
     save_dir = tmp_path_factory.mktemp("ckpt")
     engine = _engine()
     _train(engine, 3)
     client = {"epoch": 3, "optimizer": "mine", "global_steps": -1, "module": [1, 2], "t": torch.arange(3)}
     assert engine.save_checkpoint(str(save_dir), client_state=client) is True
     engine.save_checkpoint(str(save_dir), tag="extra", client_state={}, save_latest=False)
-    return engine, save_dir, client
+    yield engine, save_dir, client
+    os.environ.clear()
+    os.environ.update(saved_env)
 
 
 def test_layout_default_tag_and_latest(trained):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import dscore
+from dscore.testing.contexts import optimizer_context
 from dscore_plugins.optim.adam import build_adam, build_adam_offload
 from dscore_plugins.sched import config as sched_cfg
 from dscore_plugins.sched import lr_schedules
@@ -102,7 +103,8 @@ def test_explicit_weight_decay_is_kept() -> None:
 def test_torch_adam_keeps_torch_default(adam_w_mode: bool, torch_default: float) -> None:
     # DeepSpeed's torch_adam: true path builds torch.optim.AdamW/Adam with the user's params only
     p = torch.nn.Parameter(torch.zeros(3))
-    opt = build_adam([p], adam_w_mode=adam_w_mode, torch_adam=True, lr=1e-3)
+    ctx = optimizer_context("Adam", {"adam_w_mode": adam_w_mode, "torch_adam": True, "lr": 1e-3})
+    opt = build_adam([{"params": [p]}], ctx)
     assert opt.param_groups[0]["weight_decay"] == torch_default
     built = _built("Adam", {"lr": 1e-3, "torch_adam": True})
     assert type(built) is torch.optim.AdamW and built.param_groups[0]["weight_decay"] == 0.01
@@ -111,9 +113,11 @@ def test_torch_adam_keeps_torch_default(adam_w_mode: bool, torch_default: float)
 def test_offload_adam_defaults_weight_decay_zero() -> None:
     # DeepSpeedCPUAdam's default; torch_adam under offload keeps torch's (as DeepSpeed)
     p = torch.nn.Parameter(torch.zeros(3))
-    assert build_adam_offload([p], torch_adam=True, lr=1e-3).param_groups[0]["weight_decay"] == 0.01
+    ctx = optimizer_context("Adam", {"torch_adam": True, "lr": 1e-3}, offload=True)
+    assert build_adam_offload([{"params": [p]}], ctx).param_groups[0]["weight_decay"] == 0.01
     q = torch.nn.Parameter(torch.zeros(3))
-    assert build_adam_offload([q], lr=1e-3).param_groups[0]["weight_decay"] == 0.0
+    ctx = optimizer_context("Adam", {"lr": 1e-3}, offload=True)
+    assert build_adam_offload([{"params": [q]}], ctx).param_groups[0]["weight_decay"] == 0.0
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULER_DEFAULTS))

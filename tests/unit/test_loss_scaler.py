@@ -9,9 +9,10 @@ import torch
 
 from dscore.errors import ConfigError, DscoreError
 from dscore.specs import resolve
+from dscore_plugins.precision.config import Bf16Config, Fp16Config
 from dscore_plugins.precision.loss_scaler import DynamicLossScaler, LossScaleUnderflowError, StaticLossScaler
 from dscore_plugins.precision.overflow import has_overflow, overflow_flag
-from dscore_plugins.precision.precision import Bf16Mode, Fp16Mode, Fp32Mode
+from dscore_plugins.precision.precision import Bf16Mode, Fp16Mode, Fp32Mode, build_fp16
 from dscore_plugins.sched.lr_schedules import WarmupLR
 
 
@@ -86,16 +87,14 @@ def test_static_scaler_skips_overflow_and_never_changes() -> None:
 def test_issue_example_six_overflows_then_four_good_steps() -> None:
     """fp16 (stage 0), WarmupLR with 10 warm-up steps: steps 1-6 overflow, 7-10 are fine."""
     mode = Fp16Mode(
-        SimpleNamespace(
-            fp16=SimpleNamespace(
-                enabled=True,
-                loss_scale=0,
-                initial_scale_power=16,
-                loss_scale_window=1000,
-                hysteresis=2,
-                consecutive_hysteresis=False,
-                min_loss_scale=1,
-            )
+        Fp16Config(
+            enabled=True,
+            loss_scale=0,
+            initial_scale_power=16,
+            loss_scale_window=1000,
+            hysteresis=2,
+            consecutive_hysteresis=False,
+            min_loss_scale=1,
         )
     )
     scaler = mode.make_loss_scaler(zero_stage=0)
@@ -129,7 +128,7 @@ def test_precision_modes_pick_the_algorithm_by_zero_stage() -> None:
             "min_loss_scale": 2,
         }
     }
-    mode = Fp16Mode(cfg)
+    mode = Fp16Mode(Fp16Config(**cfg["fp16"]))
     s0, s2 = mode.make_loss_scaler(zero_stage=0), mode.make_loss_scaler(zero_stage=2)
     assert isinstance(s0, DynamicLossScaler) and s0.algorithm == "fp16_optimizer"
     assert isinstance(s2, DynamicLossScaler) and s2.algorithm == "zero"
@@ -140,12 +139,12 @@ def test_precision_modes_pick_the_algorithm_by_zero_stage() -> None:
         True,
         2.0,
     )
-    static = Fp16Mode({"fp16": {"enabled": True, "loss_scale": 256}}).make_loss_scaler(zero_stage=1)
+    static = Fp16Mode(Fp16Config(enabled=True, loss_scale=256)).make_loss_scaler(zero_stage=1)
     assert isinstance(static, StaticLossScaler) and static.loss_scale == 256.0
     assert mode.check_overflow and mode.compute_dtype == torch.float16
-    assert Fp32Mode(cfg).make_loss_scaler(zero_stage=0) is None and not Fp32Mode(cfg).check_overflow
-    assert Bf16Mode({}).check_overflow is True  # DeepSpeed 0.19.x default
-    off = Bf16Mode(SimpleNamespace(bf16=SimpleNamespace(enabled=True, check_grad_overflow=False)))
+    assert Fp32Mode().make_loss_scaler(zero_stage=0) is None and not Fp32Mode().check_overflow
+    assert Bf16Mode().check_overflow is True  # DeepSpeed 0.19.x default (from the bf16 model)
+    off = Bf16Mode(Bf16Config(enabled=True, check_grad_overflow=False))
     assert off.check_overflow is False and off.make_loss_scaler(zero_stage=3) is None
     assert off.compute_dtype == torch.bfloat16
 
@@ -153,7 +152,7 @@ def test_precision_modes_pick_the_algorithm_by_zero_stage() -> None:
 def test_prepare_module_casts_floats_only() -> None:
     m = torch.nn.Linear(2, 2)
     m.register_buffer("count", torch.zeros(1, dtype=torch.long))
-    Bf16Mode({}).prepare_module(m)
+    Bf16Mode().prepare_module(m)
     assert m.weight.dtype == torch.bfloat16 and m.count.dtype == torch.long
     m2 = torch.nn.Linear(2, 2)
     assert Fp32Mode().prepare_module(m2).weight.dtype == torch.float32
@@ -180,7 +179,7 @@ def test_precision_specs_resolve() -> None:
 
     specs = {s.name: s for s in dscore_register_precisions()}
     assert (specs["fp32"].config_key, specs["fp16"].config_key, specs["bf16"].config_key) == (None, "fp16", "bf16")
-    assert resolve(specs["fp16"].factory) is Fp16Mode
+    assert resolve(specs["fp16"].factory) is build_fp16
 
 
 def test_modes_read_the_config_engineers_section_models() -> None:
@@ -189,7 +188,7 @@ def test_modes_read_the_config_engineers_section_models() -> None:
         fp16=pcfg.Fp16Config(enabled=True, initial_scale_power=8, loss_scale_window=3, hysteresis=1, min_loss_scale=4),
         bf16=pcfg.Bf16Config(enabled=False, check_grad_overflow=False),
     )
-    scaler = Fp16Mode(config).make_loss_scaler(zero_stage=3)
+    scaler = Fp16Mode(config.fp16).make_loss_scaler(zero_stage=3)
     assert (scaler.loss_scale, scaler.scale_window, scaler.hysteresis, scaler.min_scale) == (256.0, 3, 1, 4.0)
     assert _run(scaler, [False, False, False, False, True]) == [256, 256, 256, 512, 256]
-    assert Bf16Mode(config).check_overflow is False
+    assert Bf16Mode(config.bf16).check_overflow is False

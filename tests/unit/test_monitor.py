@@ -31,7 +31,7 @@ def test_csv_layout_one_file_per_event(tmp_path) -> None:
 
 def test_only_rank_zero_and_only_when_enabled_write(tmp_path) -> None:
     CsvMonitor(_section(tmp_path / "r1"), rank=1).write_events([("a", 1.0, 1)])
-    CsvMonitor({"enabled": False, "output_path": str(tmp_path / "off"), "job_name": "j"}, rank=0).write_events(
+    CsvMonitor(SimpleNamespace(enabled=False, output_path=str(tmp_path / "off"), job_name="j"), rank=0).write_events(
         [("a", 1.0, 1)]
     )
     TensorBoardMonitor(_section(tmp_path / "tb1"), rank=1).write_events([("a", 1.0, 1)])
@@ -67,7 +67,7 @@ def test_wandb_logs_through_the_module(monkeypatch) -> None:
         finish=lambda: calls.append(("finish",)),
     )
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    mon = WandbMonitor({"enabled": True, "project": "proj", "group": "g", "team": "t"}, rank=0)
+    mon = WandbMonitor(SimpleNamespace(enabled=True, project="proj", group="g", team="t"), rank=0)
     mon.write_events([("Train/loss", 1.25, 3)])
     mon.close()
     assert calls == [
@@ -90,7 +90,13 @@ def test_monitor_specs() -> None:
 
 def test_factory_accepts_the_config_section_model(tmp_path) -> None:
     mcfg = pytest.importorskip("dscore_plugins.monitor.config")
+    from dscore.protocols import MonitorContext
+    from dscore.testing.contexts import local_config, local_runtime
+
     section = mcfg.CsvMonitorConfig(enabled=True, output_path=str(tmp_path), job_name="jobx")
-    mon = resolve("dscore_plugins.monitor.monitor:csv_monitor_factory")(section, 0)
+    runtime = local_runtime()
+    ctx = MonitorContext(config=local_config(runtime=runtime), section=section, runtime=runtime, path="csv_monitor")
+    assert ctx.rank == 0
+    mon = resolve("dscore_plugins.monitor.monitor:csv_monitor_factory")(ctx)
     mon.write_events([("x", 1.0, 1)])
     assert (tmp_path / "jobx" / "x.csv").exists()

@@ -10,6 +10,7 @@ from dscore.errors import ComponentNotFoundError, ConfigError
 from dscore.plugin_manager import create_plugin_manager
 from dscore.registry import Registry
 from dscore.specs import resolve
+from dscore.testing.contexts import local_runtime, optimizer_context
 from dscore_plugins.optim import config as cfg
 from dscore_plugins.optim.adam import build_adam, build_adamw
 from dscore_plugins.optim.lamb import Lamb
@@ -17,6 +18,15 @@ from dscore_plugins.optim.lion import Lion
 from dscore_plugins.optim.muon import MuonWithAuxAdam, build_muon, newton_schulz5, set_muon_flags
 from dscore_plugins.optim.plugin import OPTIMIZER_SPECS
 from dscore_plugins.optim.torch_optim import build_adagrad, torch_optimizer_factory
+
+_RUNTIME = None
+
+
+def _ctx(type_name: str, params: dict | None = None):
+    """The OptimizerContext dscore.initialize would build for ``optimizer.type = type_name``."""
+    global _RUNTIME
+    _RUNTIME = _RUNTIME or local_runtime()
+    return optimizer_context(type_name, params, runtime=_RUNTIME)
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:
@@ -40,17 +50,18 @@ def _train(opt, params, steps: int = 5) -> list[torch.Tensor]:
 @pytest.mark.parametrize(
     ("build", "kw", "ref_cls"),
     [
-        (build_adam, {}, torch.optim.AdamW),  # plain "Adam" = decoupled weight decay (DeepSpeed)
-        (build_adam, {"adam_w_mode": False}, torch.optim.Adam),
-        (build_adam, {"torch_adam": True}, torch.optim.AdamW),
-        (build_adam, {"torch_adam": True, "adam_w_mode": False}, torch.optim.Adam),
-        (build_adamw, {"adam_w_mode": False}, torch.optim.AdamW),  # forced true
+        ("Adam", {}, torch.optim.AdamW),  # plain "Adam" = decoupled weight decay (DeepSpeed)
+        ("Adam", {"adam_w_mode": False}, torch.optim.Adam),
+        ("Adam", {"torch_adam": True}, torch.optim.AdamW),
+        ("Adam", {"torch_adam": True, "adam_w_mode": False}, torch.optim.Adam),
+        ("AdamW", {"adam_w_mode": False}, torch.optim.AdamW),  # forced true
     ],
 )
 def test_adam_modes_match_torch_reference(build, kw, ref_cls) -> None:
     hp = dict(lr=0.01, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.1)
     ps, ref = _params(), _params()
-    opt = build(ps, **kw, **hp)
+    factory = build_adam if build == "Adam" else build_adamw
+    opt = factory([{"params": ps}], _ctx(build, {**kw, **hp}))
     assert type(opt) is ref_cls
     want = _train(ref_cls(ref, foreach=False, **hp), ref)
     for a, b in zip(_train(opt, ps), want):
@@ -63,7 +74,7 @@ def test_adam_modes_match_torch_reference(build, kw, ref_cls) -> None:
 
 def test_adam_rejects_bias_correction_false_and_params_model_rules() -> None:
     with pytest.raises(ConfigError, match="bias_correction"):
-        build_adam(_params(), bias_correction=False)
+        build_adam([{"params": _params()}], _ctx("Adam", {"bias_correction": False}))
     with pytest.raises(ValidationError, match="gradient_clipping"):
         cfg.AdamParams(lr=1e-3, max_grad_norm=1.0)
     with pytest.raises(ValidationError):
@@ -130,7 +141,8 @@ def test_muon_splits_params_and_steps_by_the_rule() -> None:
     model = torch.nn.Sequential(OrderedDict(embed=torch.nn.Embedding(5, 4), proj=torch.nn.Linear(4, 6)))
     set_muon_flags(model)
     assert model[0].weight.use_muon is False and model[1].weight.use_muon is True and model[1].bias.use_muon is False
-    opt = build_muon(model.parameters(), lr=0.1, adam_lr=0.01, momentum=0.9, nesterov=False, weight_decay=0.1)
+    hp = dict(lr=0.1, adam_lr=0.01, momentum=0.9, nesterov=False, weight_decay=0.1)
+    opt = build_muon([{"params": list(model.parameters())}], _ctx("muon", hp))
     assert isinstance(opt, MuonWithAuxAdam)
     muon_groups = [g for g in opt.param_groups if g["use_muon"]]
     assert len(muon_groups) == 1 and muon_groups[0]["params"] == [model[1].weight] and muon_groups[0]["lr"] == 0.1
@@ -152,30 +164,37 @@ def test_muon_splits_params_and_steps_by_the_rule() -> None:
     ref_opt.step()
     torch.testing.assert_close(model[0].weight.detach(), ref.detach())
     with pytest.raises(ConfigError):
-        build_muon(model.parameters(), ns_method="polar_express")
+        build_muon([{"params": list(model.parameters())}], _ctx("muon", {"ns_method": "polar_express"}))
 
 
 def test_adagrad_and_torch_fallback() -> None:
-    opt = build_adagrad(_params())
+    from dscore.protocols import TorchClassParams
+
+    opt = build_adagrad([{"params": _params()}], _ctx("adagrad"))
     assert isinstance(opt, torch.optim.Adagrad) and opt.defaults["lr"] == 1e-2 and opt.defaults["eps"] == 1e-10
-    assert isinstance(torch_optimizer_factory(_params(), type_name="RMSprop", lr=0.1), torch.optim.RMSprop)
-    assert isinstance(torch_optimizer_factory(_params(), type_name="rmsprop", lr=0.1), torch.optim.RMSprop)
+    ctx = _ctx("RMSprop", {"lr": 0.1})
+    assert isinstance(ctx.section, TorchClassParams) and ctx.section.type_name == "RMSprop"
+    assert isinstance(torch_optimizer_factory(_params(), ctx), torch.optim.RMSprop)
+    assert isinstance(torch_optimizer_factory(_params(), _ctx("rmsprop", {"lr": 0.1})), torch.optim.RMSprop)
+    wrong = ctx.section.model_copy(update={"type_name": "RMSProb"})
     with pytest.raises(ComponentNotFoundError) as info:
-        torch_optimizer_factory(_params(), type_name="RMSProb")
+        torch_optimizer_factory(_params(), type(ctx)(config=ctx.config, section=wrong, runtime=ctx.runtime))
     assert "RMSprop" in info.value.suggestions
+    sgd = TorchClassParams(type_name="SGD", params={"lr": 0.1, "max_grad_norm": 1.0})
     with pytest.raises(ConfigError, match="gradient_clipping"):
-        torch_optimizer_factory(_params(), type_name="SGD", lr=0.1, max_grad_norm=1.0)
+        torch_optimizer_factory(_params(), type(ctx)(config=ctx.config, section=sgd, runtime=ctx.runtime))
 
 
 def test_specs_resolve_and_case_insensitive_lookup() -> None:
     for spec in OPTIMIZER_SPECS:
         factory = resolve(spec.factory)
         if spec.params_model:
-            model = resolve(spec.params_model)
-            if spec.name == "torch":
-                continue
-            opt = factory(_params(), **model().model_dump())
+            resolve(spec.params_model)
+            opt = factory([{"params": _params()}], _ctx(spec.name))  # every default from the params model
             assert isinstance(opt, torch.optim.Optimizer), spec.name
+            # the classes a spec declares are exactly what its factory builds with the defaults
+            if spec.classes:
+                assert type(opt) in {resolve(c) for c in spec.classes}, spec.name
     registry = Registry(create_plugin_manager())
     for written, name in [
         ("Adam", "adam"),

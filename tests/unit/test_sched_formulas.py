@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from dscore.errors import ComponentNotFoundError, ConfigError
 from dscore.specs import resolve
+from dscore.testing.contexts import scheduler_context
 from dscore_plugins.sched import config as cfg
 from dscore_plugins.sched.lr_schedules import LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR
 from dscore_plugins.sched.plugin import SCHEDULER_SPECS
@@ -225,21 +226,31 @@ def test_specs_resolve_and_params_models_validate() -> None:
         cfg.WarmupDecayLRParams()  # total_num_steps required
     with pytest.raises(ValidationError):
         cfg.OneCycleParams(cycle_min_lr=0.0, cycle_max_lr=1.0, cycle_second_step_size=-1)
-    p = cfg.WarmupDecayLRParams(total_num_steps=100, warmup_num_steps=2)
-    sched = resolve("dscore_plugins.sched.lr_schedules:WarmupDecayLR")(_opt(lr=0.001), **p.model_dump())
-    assert sched.warmup_num_steps == 2 and sched.total_num_steps == 100
+    ctx = scheduler_context("WarmupDecayLR", {"total_num_steps": 100, "warmup_num_steps": 2})
+    assert isinstance(ctx.section, cfg.WarmupDecayLRParams) and ctx.section.warmup_max_lr == 0.001
+    sched = resolve("dscore_plugins.sched.lr_schedules:build_warmup_decay_lr")(_opt(lr=0.001), ctx)
+    assert sched.warmup_num_steps == 2 and sched.total_num_steps == 100 and sched.max_lrs == [0.001]
 
 
 def test_torch_fallback_by_name_and_did_you_mean() -> None:
+    from dscore.protocols import SchedulerContext, TorchClassParams
+
+    ctx = scheduler_context("StepLR", {"step_size": 2, "gamma": 0.5})
+
+    def with_section(type_name: str, **params: object) -> SchedulerContext:
+        section = TorchClassParams(type_name=type_name, params=params)
+        return SchedulerContext(config=ctx.config, section=section, runtime=ctx.runtime, path="scheduler.params")
+
     opt = _opt(lr=1.0)
-    s = torch_scheduler_factory(opt, type_name="StepLR", step_size=2, gamma=0.5)
-    assert isinstance(s, torch.optim.lr_scheduler.StepLR)
-    assert isinstance(torch_scheduler_factory(_opt(), type_name="steplr", step_size=1), torch.optim.lr_scheduler.StepLR)
+    s = torch_scheduler_factory(opt, ctx)
+    assert isinstance(s, torch.optim.lr_scheduler.StepLR) and s.step_size == 2 and s.gamma == 0.5
+    assert isinstance(torch_scheduler_factory(_opt(), with_section("steplr", step_size=1)), torch.optim.lr_scheduler.StepLR)
     with pytest.raises(ComponentNotFoundError) as info:
-        torch_scheduler_factory(_opt(), type_name="WarmupLr2")
+        torch_scheduler_factory(_opt(), with_section("WarmupLr2"))
     assert "WarmupLR" in info.value.suggestions
-    with pytest.raises(ConfigError, match="StepLR"):
-        torch_scheduler_factory(_opt(), type_name="StepLR", bogus=1)
+    with pytest.raises(ConfigError, match="StepLR") as bad:
+        torch_scheduler_factory(_opt(), with_section("StepLR", bogus=1))
+    assert bad.value.path == "scheduler.params"
 
 
 def test_manifests_and_params_models_do_not_import_torch() -> None:

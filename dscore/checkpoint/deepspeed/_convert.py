@@ -19,6 +19,7 @@ import math
 import os
 import shutil
 import struct
+import sys
 import time
 import uuid
 from collections import OrderedDict
@@ -233,7 +234,7 @@ def to_dscore_optim(
         CheckpointError: the engine has a different number of parameter groups than the checkpoint.
     """
     ngroups = max((p.group for p in ck.params), default=-1) + 1
-    hypers = ck.group_hypers or [None] * ngroups
+    hypers: list[dict[str, Any] | None] = list(ck.group_hypers or []) or [None] * ngroups
     if current_groups is not None and len(current_groups) != max(ngroups, len(hypers) if ck.group_hypers else 0):
         raise CheckpointError(
             f"DeepSpeed checkpoint {ck.tag_dir} has {ngroups} optimizer parameter group(s) but the engine's optimizer "
@@ -365,8 +366,13 @@ def _stream(
             f = files[key.split("\0", 1)[0]] if files is not None else out  # type: ignore[index]
             f.write(key.split("\0", 1)[-1], dst, data)  # type: ignore[union-attr]
 
+    from tqdm import tqdm
+
     scalars: dict[str, dict[str, Any]] = {}
-    for shard in ck.frozen_pieces + ck.shards:
+    # the long part of `dscore checkpoint import/export`: a progress bar on a terminal only
+    shards = tqdm(ck.frozen_pieces + ck.shards, desc="checkpoint shards", unit="shard",
+                  disable=not sys.stderr.isatty(), leave=False)
+    for shard in shards:
         _feed(ck, shard, sink, kinds=kinds, steps=scalars)
     return _scalar_states(ck, scalars)
 
@@ -549,7 +555,7 @@ def _write_import(ck: DeepSpeedCheckpoint, tmp_dir: str, tag_text: str) -> dict[
             except OSError:
                 pass
         raise
-    gas = int(ck.ds_config.get("gradient_accumulation_steps", 1) or 1)
+    gas = int((ck.ds_config or {}).get("gradient_accumulation_steps", 1) or 1)
     e_tensors: dict[str, torch.Tensor] = {}
     e_tree = encode(engine_state(ck, gas), root="engine state", tensor_prefix="engine/", tensors=e_tensors)
     c_tree = encode(client_state(ck), root="client_state", tensor_prefix="client/", tensors=e_tensors)

@@ -464,7 +464,7 @@ class DeepSpeedCheckpoint:
             self.stage = 0
             self._parse_stage0(ms["optimizer"])
         else:
-            self.stage = int((self.ds_config.get("zero_optimization") or {}).get("stage", 0) or 0)
+            self.stage = int(((self.ds_config or {}).get("zero_optimization") or {}).get("stage", 0) or 0)
             if self.stage:
                 raise CheckpointNotFoundError(
                     f"DeepSpeed checkpoint {self.tag_dir} was saved with ZeRO stage {self.stage} (ds_config) but holds "
@@ -479,14 +479,18 @@ class DeepSpeedCheckpoint:
         import torch
 
         seen: set[tuple[int, int, tuple[int, ...]]] = set()
-        out = []
+        out: list[str] = []
         buffers = set(self.buffer_names)
         for k, v in self.module.items():
             if k in buffers or not isinstance(v, torch.Tensor):
                 continue
             if k in self.shared:
                 continue
-            key = (v.untyped_storage().data_ptr(), v.storage_offset(), tuple(v.shape)) if v.numel() else (id(v), 0, ())
+            key: tuple[int, int, tuple[int, ...]] = (
+                (int(v.untyped_storage().data_ptr()), int(v.storage_offset()), tuple(int(s) for s in v.shape))
+                if v.numel()
+                else (id(v), 0, ())
+            )
             if key in seen:
                 self.shared.setdefault(k, next(n for n in out if self._key_of(n) == key))
                 continue

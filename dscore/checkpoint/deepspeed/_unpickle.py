@@ -122,7 +122,7 @@ def safe_load(path: str, *, mmap: bool = True) -> Any:
 
     if not os.path.isfile(path):
         raise CheckpointNotFoundError(f"DeepSpeed checkpoint file {path} does not exist")
-    allowed = [(cls, name) for name, cls in ALLOWED_DEEPSPEED_GLOBALS.items()]
+    allowed: list[Any] = [(cls, name) for name, cls in ALLOWED_DEEPSPEED_GLOBALS.items()]
     try:
         with torch.serialization.safe_globals(allowed):
             try:

@@ -1,8 +1,9 @@
 """Training monitors configured by DeepSpeed's ``tensorboard``, ``csv_monitor`` and ``wandb`` blocks.
 
-Each factory is called as ``factory(section_config, rank)`` with the validated section (attributes or a
-dict: ``enabled``, ``output_path``, ``job_name`` for tensorboard/csv; ``enabled``, ``group``, ``team``,
-``project`` for wandb) and returns an object with ``write_events(events)`` and ``close()``. An event is
+Each factory is called as ``factory(ctx)`` with a :class:`dscore.protocols.MonitorContext` whose ``section``
+is the validated block (:mod:`dscore_plugins.monitor.config`: ``enabled``, ``output_path``, ``job_name`` for
+tensorboard/csv; ``enabled``, ``group``, ``team``, ``project`` for wandb; defaults live there) and
+``rank`` the global rank, and returns an object with ``write_events(events)`` and ``close()``. An event is
 ``(name, value, step)``: a tag such as ``"Train/Samples/train_loss"``, a float (0-dim tensors are
 converted with ``.item()``) and an int step (DeepSpeed logs against ``global_samples``).
 
@@ -26,9 +27,13 @@ import csv
 import logging
 import os
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dscore.errors import DscoreError
+
+if TYPE_CHECKING:
+    from dscore.protocols import MonitorContext
+    from dscore_plugins.monitor.config import CsvMonitorConfig, TensorBoardConfig, WandbConfig
 
 __all__ = [
     "CsvMonitor",
@@ -49,27 +54,20 @@ class MonitorUnavailableError(DscoreError, ImportError):
     """A monitor is enabled in ds_config but its library is not installed."""
 
 
-def _get(section: Any, key: str, default: Any) -> Any:
-    if section is None:
-        return default
-    value = section.get(key, default) if isinstance(section, dict) else getattr(section, key, default)
-    return default if value is None else value
-
-
 def _as_float(value: Any) -> float:
     return float(value.item()) if hasattr(value, "item") else float(value)
 
 
-def _log_dir(section: Any, default_job: str) -> str:
-    return os.path.join(str(_get(section, "output_path", "")), str(_get(section, "job_name", default_job)))
+def _log_dir(section: CsvMonitorConfig | TensorBoardConfig) -> str:
+    return os.path.join(section.output_path, section.job_name)
 
 
 class _Monitor:
     """Common rank/enabled gating: a monitor built on rank != 0 or disabled writes nothing."""
 
-    def __init__(self, section: Any, rank: int) -> None:
+    def __init__(self, section: CsvMonitorConfig | TensorBoardConfig | WandbConfig, rank: int) -> None:
         self.rank = int(rank)
-        self.enabled = bool(_get(section, "enabled", False)) and self.rank == 0
+        self.enabled = bool(section.enabled) and self.rank == 0
 
     def write_events(self, events: Iterable[Event]) -> None:
         """Record ``(name, value, step)`` events (no-op unless enabled on rank 0)."""
@@ -91,9 +89,9 @@ class CsvMonitor(_Monitor):
         rank: global rank; only rank 0 writes.
     """
 
-    def __init__(self, section: Any, rank: int) -> None:
+    def __init__(self, section: CsvMonitorConfig, rank: int) -> None:
         super().__init__(section, rank)
-        self.log_dir = _log_dir(section, "DeepSpeedJobName")
+        self.log_dir = _log_dir(section)
         self._headers_written: set[str] = set()
         if self.enabled:
             os.makedirs(self.log_dir or ".", exist_ok=True)
@@ -126,9 +124,9 @@ class TensorBoardMonitor(_Monitor):
         MonitorUnavailableError: enabled on rank 0 but the ``tensorboard`` package is missing.
     """
 
-    def __init__(self, section: Any, rank: int) -> None:
+    def __init__(self, section: TensorBoardConfig, rank: int) -> None:
         super().__init__(section, rank)
-        self.log_dir = _log_dir(section, "DeepSpeedJobName")
+        self.log_dir = _log_dir(section)
         self.writer: Any = None
         if self.enabled:
             try:
@@ -162,7 +160,7 @@ class WandbMonitor(_Monitor):
         MonitorUnavailableError: enabled on rank 0 but ``wandb`` is not installed.
     """
 
-    def __init__(self, section: Any, rank: int) -> None:
+    def __init__(self, section: WandbConfig, rank: int) -> None:
         super().__init__(section, rank)
         self.run: Any = None
         self._wandb: Any = None
@@ -176,9 +174,9 @@ class WandbMonitor(_Monitor):
                 ) from exc
             self._wandb = wandb
             self.run = wandb.init(
-                project=_get(section, "project", "deepspeed"),
-                group=_get(section, "group", None),
-                entity=_get(section, "team", None),
+                project=section.project,
+                group=section.group,
+                entity=section.team,
             )
 
     def _write(self, events: list[Event]) -> None:
@@ -191,16 +189,16 @@ class WandbMonitor(_Monitor):
             self.run = None
 
 
-def csv_monitor_factory(section: Any, rank: int) -> CsvMonitor:
+def csv_monitor_factory(ctx: MonitorContext[CsvMonitorConfig]) -> CsvMonitor:
     """MonitorSpec factory for ``csv_monitor``."""
-    return CsvMonitor(section, rank)
+    return CsvMonitor(ctx.section, ctx.rank)
 
 
-def tensorboard_monitor_factory(section: Any, rank: int) -> TensorBoardMonitor:
+def tensorboard_monitor_factory(ctx: MonitorContext[TensorBoardConfig]) -> TensorBoardMonitor:
     """MonitorSpec factory for ``tensorboard``."""
-    return TensorBoardMonitor(section, rank)
+    return TensorBoardMonitor(ctx.section, ctx.rank)
 
 
-def wandb_monitor_factory(section: Any, rank: int) -> WandbMonitor:
+def wandb_monitor_factory(ctx: MonitorContext[WandbConfig]) -> WandbMonitor:
     """MonitorSpec factory for ``wandb``."""
-    return WandbMonitor(section, rank)
+    return WandbMonitor(ctx.section, ctx.rank)

@@ -21,13 +21,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dscore.errors import ConfigError, OpBuildError
 
-__all__ = ["DscoreCPUAdam", "DscoreCPUAdagrad", "DscoreCPULion"]
+if TYPE_CHECKING:
+    from dscore.protocols import OptimizerContext
+    from dscore_plugins.ops.config import AdagradParams, CPUAdamParams, LionParams
+
+__all__ = [
+    "DscoreCPUAdagrad",
+    "DscoreCPUAdam",
+    "DscoreCPULion",
+    "build_cpu_adagrad",
+    "build_cpu_adam",
+    "build_cpu_lion",
+]
 
 _COPY_CODES = {torch.float16: 1, torch.bfloat16: 2}
 
@@ -78,8 +89,6 @@ class _CPUOptimizer(torch.optim.Optimizer):
     """Shared step loop: validation, lazy state, optional low-precision copy targets."""
 
     _OP = ""
-    #: steps fp32 CPU tensors: usable under ZeRO optimizer offload (read by the runtime's offload check)
-    offload_capable: ClassVar[bool] = True
 
     def __init__(self, params: Iterable[Any], defaults: dict[str, Any]) -> None:
         super().__init__(params, defaults)
@@ -312,3 +321,28 @@ def _check_range(**values: float) -> None:
             valid = "in [0, 1)" if key.startswith("beta") else ">= 0"
             raise ConfigError(f"optimizer parameter {key}={value!r} is invalid; it must be {valid}",
                               path=f"optimizer.params.{key}")
+
+
+# OptimizerSpec factories (``factory(param_groups, ctx)``): every value from the validated params model.
+def build_cpu_adam(param_groups: list[dict[str, Any]], ctx: OptimizerContext[CPUAdamParams]) -> DscoreCPUAdam:
+    """``DscoreCPUAdam`` from the validated ``optimizer.params``."""
+    p = ctx.section
+    return DscoreCPUAdam(
+        param_groups, lr=p.lr, betas=p.betas, eps=p.eps, weight_decay=p.weight_decay, amsgrad=p.amsgrad,
+        adamw_mode=p.adamw_mode, bias_correction=p.bias_correction,
+    )
+
+
+def build_cpu_adagrad(param_groups: list[dict[str, Any]], ctx: OptimizerContext[AdagradParams]) -> DscoreCPUAdagrad:
+    """``DscoreCPUAdagrad`` from the validated ``optimizer.params``."""
+    p = ctx.section
+    return DscoreCPUAdagrad(
+        param_groups, lr=p.lr, lr_decay=p.lr_decay, weight_decay=p.weight_decay,
+        initial_accumulator_value=p.initial_accumulator_value, eps=p.eps,
+    )
+
+
+def build_cpu_lion(param_groups: list[dict[str, Any]], ctx: OptimizerContext[LionParams]) -> DscoreCPULion:
+    """``DscoreCPULion`` from the validated ``optimizer.params``."""
+    p = ctx.section
+    return DscoreCPULion(param_groups, lr=p.lr, betas=p.betas, weight_decay=p.weight_decay)

@@ -15,13 +15,17 @@ Lion — Chen et al. 2023.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dscore.errors import ConfigError, OpBuildError
 
-__all__ = ["FusedAdam", "FusedLamb", "FusedLion"]
+if TYPE_CHECKING:
+    from dscore.protocols import OptimizerContext
+    from dscore_plugins.ops.config import FusedAdamParams, FusedLambParams, LionParams
+
+__all__ = ["FusedAdam", "FusedLamb", "FusedLion", "build_fused_adam", "build_fused_lamb", "build_fused_lion"]
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
@@ -199,3 +203,28 @@ class FusedLion(_FusedOptimizer):
     def _launch(self, group, lists, step):  # type: ignore[no-untyped-def]
         b1, b2 = group["betas"]
         self._op.fused_lion(lists[0], lists[1], lists[2], float(group["lr"]), b1, b2, float(group["weight_decay"]))
+
+
+# OptimizerSpec factories (``factory(param_groups, ctx)``): every value from the validated params model.
+def build_fused_adam(param_groups: list[dict[str, Any]], ctx: OptimizerContext[FusedAdamParams]) -> FusedAdam:
+    """``FusedAdam`` from the validated ``optimizer.params``."""
+    p = ctx.section
+    return FusedAdam(
+        param_groups, lr=p.lr, bias_correction=p.bias_correction, betas=p.betas, eps=p.eps,
+        adam_w_mode=p.adam_w_mode, weight_decay=p.weight_decay, amsgrad=p.amsgrad, set_grad_none=p.set_grad_none,
+    )
+
+
+def build_fused_lamb(param_groups: list[dict[str, Any]], ctx: OptimizerContext[FusedLambParams]) -> FusedLamb:
+    """``FusedLamb`` from the validated ``optimizer.params``."""
+    p = ctx.section
+    return FusedLamb(
+        param_groups, lr=p.lr, bias_correction=p.bias_correction, betas=p.betas, eps=p.eps,
+        weight_decay=p.weight_decay, max_coeff=p.max_coeff, min_coeff=p.min_coeff,
+    )
+
+
+def build_fused_lion(param_groups: list[dict[str, Any]], ctx: OptimizerContext[LionParams]) -> FusedLion:
+    """``FusedLion`` from the validated ``optimizer.params``."""
+    p = ctx.section
+    return FusedLion(param_groups, lr=p.lr, betas=p.betas, weight_decay=p.weight_decay)

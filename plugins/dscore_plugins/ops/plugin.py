@@ -10,6 +10,7 @@ from dscore.specs import ConfigSectionSpec, OpBuilderSpec, OptimizerSpec
 _B = "dscore_plugins.ops.builders"
 _CPU = "dscore_plugins.ops.cpu_optim"
 _CUDA = "dscore_plugins.ops.fused_optim"
+_CFG = "dscore_plugins.ops.config"
 
 
 @hookimpl
@@ -40,18 +41,28 @@ def dscore_register_config_sections() -> Iterable[ConfigSectionSpec]:
 
 @hookimpl
 def dscore_register_optimizers() -> Iterable[OptimizerSpec]:
+    """The op-backed optimizers. The CPU ones are offload-capable; all but FusedLamb are ZeRO-safe
+    (DeepSpeed's ZERO_SUPPORTED_OPTIMIZERS)."""
     return [
-        OptimizerSpec(name="DscoreCPUAdam", aliases=("cpu_adam", "DeepSpeedCPUAdam"), factory=f"{_CPU}:DscoreCPUAdam",
-                      offload_capable=True, description="Adam/AdamW stepping fp32 CPU params (ZeRO offload)"),
+        OptimizerSpec(name="DscoreCPUAdam", aliases=("cpu_adam", "DeepSpeedCPUAdam"), factory=f"{_CPU}:build_cpu_adam",
+                      params_model=f"{_CFG}:CPUAdamParams", classes=(f"{_CPU}:DscoreCPUAdam",),
+                      offload_capable=True, zero_supported=True,
+                      description="Adam/AdamW stepping fp32 CPU params (ZeRO offload)"),
         OptimizerSpec(name="DscoreCPUAdagrad", aliases=("cpu_adagrad", "DeepSpeedCPUAdagrad"),
-                      factory=f"{_CPU}:DscoreCPUAdagrad", offload_capable=True,
+                      factory=f"{_CPU}:build_cpu_adagrad", params_model=f"{_CFG}:AdagradParams",
+                      classes=(f"{_CPU}:DscoreCPUAdagrad",), offload_capable=True, zero_supported=True,
                       description="Adagrad stepping fp32 CPU params (ZeRO offload)"),
-        OptimizerSpec(name="DscoreCPULion", aliases=("cpu_lion", "DeepSpeedCPULion"), factory=f"{_CPU}:DscoreCPULion",
-                      offload_capable=True, description="Lion stepping fp32 CPU params (ZeRO offload)"),
-        OptimizerSpec(name="FusedAdam", aliases=("fused_adam",), factory=f"{_CUDA}:FusedAdam",
+        OptimizerSpec(name="DscoreCPULion", aliases=("cpu_lion", "DeepSpeedCPULion"), factory=f"{_CPU}:build_cpu_lion",
+                      params_model=f"{_CFG}:LionParams", classes=(f"{_CPU}:DscoreCPULion",),
+                      offload_capable=True, zero_supported=True,
+                      description="Lion stepping fp32 CPU params (ZeRO offload)"),
+        OptimizerSpec(name="FusedAdam", aliases=("fused_adam",), factory=f"{_CUDA}:build_fused_adam",
+                      params_model=f"{_CFG}:FusedAdamParams", classes=(f"{_CUDA}:FusedAdam",), zero_supported=True,
                       description="multi-tensor fused Adam/AdamW on CUDA"),
-        OptimizerSpec(name="FusedLamb", aliases=("fused_lamb",), factory=f"{_CUDA}:FusedLamb",
+        OptimizerSpec(name="FusedLamb", aliases=("fused_lamb",), factory=f"{_CUDA}:build_fused_lamb",
+                      params_model=f"{_CFG}:FusedLambParams", classes=(f"{_CUDA}:FusedLamb",),
                       description="multi-tensor fused LAMB on CUDA"),
-        OptimizerSpec(name="FusedLion", aliases=("fused_lion",), factory=f"{_CUDA}:FusedLion",
+        OptimizerSpec(name="FusedLion", aliases=("fused_lion",), factory=f"{_CUDA}:build_fused_lion",
+                      params_model=f"{_CFG}:LionParams", classes=(f"{_CUDA}:FusedLion",), zero_supported=True,
                       description="multi-tensor fused Lion on CUDA"),
     ]

@@ -16,47 +16,64 @@ built here (no compiler), or when ``torch_adam: true`` asks for torch's.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dscore.errors import ConfigError
+from dscore.errors import ConfigError, OpBuildError
 
-__all__ = ["FUSED_ADAM_WEIGHT_DECAY", "build_adam", "build_adam_offload", "build_adamw", "build_adamw_offload"]
+if TYPE_CHECKING:
+    import torch
+
+    from dscore.protocols import OptimizerContext
+    from dscore_plugins.optim.config import AdamParams, AdamWParams
+
+__all__ = ["build_adam", "build_adam_offload", "build_adamw", "build_adamw_offload"]
 
 log = logging.getLogger("dscore.optim")
 
-#: ``weight_decay`` when ``optimizer.params`` has none: DeepSpeed 0.19.8's FusedAdam / DeepSpeedCPUAdam
-#: default. Only ``torch_adam: true`` keeps torch's own default (0.01 for AdamW, 0 for Adam).
-FUSED_ADAM_WEIGHT_DECAY = 0.0
+#: keys of ``optimizer.params`` that are torch.optim.Adam/AdamW constructor arguments
+_TORCH_KEYS = ("lr", "betas", "eps", "weight_decay", "amsgrad")
 
 
-def _param_list(params: Iterable[Any]) -> list[Any]:
-    """Materialise ``params`` (a generator would be consumed by a failed first attempt)."""
-    out = list(params)
-    return [dict(g) if isinstance(g, dict) else g for g in out]
+def _torch_adam(
+    param_groups: list[dict[str, Any]], p: AdamParams, *, adam_w_mode: bool, path: str
+) -> torch.optim.Optimizer:
+    """``torch.optim.AdamW`` (``adam_w_mode``) or ``torch.optim.Adam`` with the validated params ``p``.
+
+    With ``torch_adam`` only the keys written in the config reach torch, so the rest take torch's own
+    defaults (``weight_decay`` 0.01 for AdamW), exactly as DeepSpeed 0.19.8; otherwise every value comes
+    from the params model (FusedAdam's defaults, ``weight_decay`` 0.0), fused where the device allows.
+
+    Raises:
+        ConfigError: ``bias_correction`` false (torch's implementation always bias-corrects).
+    """
+    import torch
+
+    if not p.bias_correction:
+        raise ConfigError(
+            f"{path}.bias_correction=false is not supported by dscore's Adam (torch's implementation always "
+            "bias-corrects); remove the key or set it to true",
+            path=f"{path}.bias_correction",
+        )
+    cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
+    groups = [dict(g) for g in param_groups]
+    if p.torch_adam:
+        given = {k: getattr(p, k) for k in _TORCH_KEYS if k in p.model_fields_set}
+        return cls(groups, foreach=True, **given)
+    kwargs: dict[str, Any] = {k: getattr(p, k) for k in _TORCH_KEYS}
+    try:
+        return cls(groups, fused=True, **kwargs)
+    except (RuntimeError, ValueError) as exc:  # device/dtype without a fused kernel
+        log.debug("fused %s unavailable (%s); using for-each", cls.__name__, exc)
+        return cls(groups, foreach=True, **kwargs)
 
 
-def build_adam(
-    params: Iterable[Any],
-    *,
-    adam_w_mode: bool = True,
-    torch_adam: bool = False,
-    bias_correction: bool = True,
-    set_grad_none: bool = True,
-    fp32_optimizer_states: bool = True,
-    **kwargs: Any,
-) -> Any:
+def build_adam(param_groups: list[dict[str, Any]], ctx: OptimizerContext[AdamParams]) -> torch.optim.Optimizer:
     """Build DeepSpeed's ``"Adam"``: ``torch.optim.AdamW`` when ``adam_w_mode`` else ``torch.optim.Adam``.
 
     Args:
-        params: tensors or torch-style param groups.
-        adam_w_mode: decoupled weight decay (default true, as DeepSpeed).
-        torch_adam: force torch's for-each implementation instead of the fused one.
-        bias_correction: must be true (torch's Adam always corrects).
-        set_grad_none, fp32_optimizer_states: accepted for DeepSpeed compatibility; no effect here.
-        **kwargs: ``lr``, ``betas``, ``eps``, ``weight_decay``, ``amsgrad`` (torch names and units).
-            ``weight_decay`` defaults to 0.0 (DeepSpeed's FusedAdam) unless ``torch_adam`` is true, where
-            torch's default applies (0.01 for ``AdamW``), exactly as DeepSpeed 0.19.8.
+        param_groups: torch-style param groups (``params`` plus per-group overrides).
+        ctx: ``ctx.section`` is the validated :class:`~dscore_plugins.optim.config.AdamParams` (torch names
+            and units; ``adam_w_mode`` default true, as DeepSpeed).
 
     Returns:
         a ``torch.optim.Adam`` or ``torch.optim.AdamW``.
@@ -64,44 +81,40 @@ def build_adam(
     Raises:
         ConfigError: ``bias_correction`` false (not available on torch's implementation).
     """
-    import torch
-
-    if not bias_correction:
-        raise ConfigError(
-            "optimizer.params.bias_correction=false is not supported by dscore's Adam (torch's implementation "
-            "always bias-corrects); remove the key or set it to true",
-            path="optimizer.params.bias_correction",
-        )
-    cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
-    params = _param_list(params)
-    if torch_adam:
-        return cls(params, foreach=True, **kwargs)
-    # DeepSpeed's FusedAdam defaults weight_decay to 0.0; torch.optim.AdamW's own default is 0.01.
-    kwargs.setdefault("weight_decay", FUSED_ADAM_WEIGHT_DECAY)
-    try:
-        return cls(params, fused=True, **kwargs)
-    except (RuntimeError, ValueError) as exc:  # device/dtype without a fused kernel
-        log.debug("fused %s unavailable (%s); using for-each", cls.__name__, exc)
-        return cls(params, foreach=True, **kwargs)
+    return _torch_adam(param_groups, ctx.section, adam_w_mode=ctx.section.adam_w_mode, path=ctx.path)
 
 
-def build_adamw(params: Iterable[Any], *, adam_w_mode: bool = True, **kwargs: Any) -> Any:
-    """Build DeepSpeed's ``"AdamW"``: :func:`build_adam` with ``adam_w_mode`` forced true."""
-    if not adam_w_mode:
+def _forced_w_mode(p: AdamParams) -> None:
+    if not p.adam_w_mode:
         log.warning("optimizer.type AdamW forces adam_w_mode=true (as DeepSpeed); ignoring adam_w_mode=false")
-    return build_adam(params, adam_w_mode=True, **kwargs)
+
+
+def build_adamw(param_groups: list[dict[str, Any]], ctx: OptimizerContext[AdamWParams]) -> torch.optim.Optimizer:
+    """Build DeepSpeed's ``"AdamW"``: :func:`build_adam` with ``adam_w_mode`` forced true."""
+    _forced_w_mode(ctx.section)
+    return _torch_adam(param_groups, ctx.section, adam_w_mode=True, path=ctx.path)
+
+
+def _offload_adam(
+    param_groups: list[dict[str, Any]], p: AdamParams, *, adam_w_mode: bool, path: str
+) -> torch.optim.Optimizer:
+    if p.torch_adam:
+        return _torch_adam(param_groups, p, adam_w_mode=adam_w_mode, path=path)
+    try:
+        from dscore_plugins.ops.cpu_optim import DscoreCPUAdam
+
+        return DscoreCPUAdam(
+            [dict(g) for g in param_groups], lr=p.lr, betas=p.betas, eps=p.eps, weight_decay=p.weight_decay,
+            amsgrad=p.amsgrad, adamw_mode=adam_w_mode, bias_correction=p.bias_correction,
+        )
+    except OpBuildError as exc:
+        log.warning("cpu_adam op unavailable (%s); the offloaded Adam runs on torch's CPU implementation", exc)
+        return _torch_adam(param_groups, p, adam_w_mode=adam_w_mode, path=path)
 
 
 def build_adam_offload(
-    params: Iterable[Any],
-    *,
-    adam_w_mode: bool = True,
-    torch_adam: bool = False,
-    bias_correction: bool = True,
-    set_grad_none: bool = True,
-    fp32_optimizer_states: bool = True,
-    **kwargs: Any,
-) -> Any:
+    param_groups: list[dict[str, Any]], ctx: OptimizerContext[AdamParams]
+) -> torch.optim.Optimizer:
     """``"Adam"`` under ZeRO optimizer offload: the ``cpu_adam`` op's ``DscoreCPUAdam`` (DeepSpeed's
     DeepSpeedCPUAdam swap), falling back to :func:`build_adam` with a warning when the op cannot be built.
 
@@ -110,24 +123,12 @@ def build_adam_offload(
     Raises:
         ConfigError: ``amsgrad`` with the CPU op (as DeepSpeed's CPU Adam), or bad hyper-parameters.
     """
-    from dscore.errors import OpBuildError
-
-    params = _param_list(params)
-    common = dict(set_grad_none=set_grad_none, fp32_optimizer_states=fp32_optimizer_states)
-    if torch_adam:
-        return build_adam(params, adam_w_mode=adam_w_mode, torch_adam=True, bias_correction=bias_correction, **common, **kwargs)
-    kwargs.setdefault("weight_decay", FUSED_ADAM_WEIGHT_DECAY)  # DeepSpeedCPUAdam's default
-    try:
-        from dscore_plugins.ops.cpu_optim import DscoreCPUAdam
-
-        return DscoreCPUAdam(params, adamw_mode=adam_w_mode, bias_correction=bias_correction, **kwargs)
-    except OpBuildError as exc:
-        log.warning("cpu_adam op unavailable (%s); the offloaded Adam runs on torch's CPU implementation", exc)
-        return build_adam(params, adam_w_mode=adam_w_mode, bias_correction=bias_correction, **common, **kwargs)
+    return _offload_adam(param_groups, ctx.section, adam_w_mode=ctx.section.adam_w_mode, path=ctx.path)
 
 
-def build_adamw_offload(params: Iterable[Any], *, adam_w_mode: bool = True, **kwargs: Any) -> Any:
+def build_adamw_offload(
+    param_groups: list[dict[str, Any]], ctx: OptimizerContext[AdamWParams]
+) -> torch.optim.Optimizer:
     """``"AdamW"`` under ZeRO optimizer offload: :func:`build_adam_offload` with ``adam_w_mode`` forced true."""
-    if not adam_w_mode:
-        log.warning("optimizer.type AdamW forces adam_w_mode=true (as DeepSpeed); ignoring adam_w_mode=false")
-    return build_adam_offload(params, adam_w_mode=True, **kwargs)
+    _forced_w_mode(ctx.section)
+    return _offload_adam(param_groups, ctx.section, adam_w_mode=True, path=ctx.path)

@@ -8,7 +8,7 @@ to ``gradient_clipping``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
@@ -154,6 +154,17 @@ class MuonParams(OptimizerParams):
     """Auxiliary Adam denominator term."""
     weight_decay: NonNegativeFloat = 0.0
     """Decoupled weight decay (both parts)."""
+
+    #: per-half learning rates when none of ``lr`` / ``muon_lr`` / ``adam_lr`` is given (DeepSpeed 0.19.8's
+    #: MuonWithAuxAdam defaults)
+    MUON_LR_DEFAULT: ClassVar[float] = 0.02
+    AUX_ADAM_LR_DEFAULT: ClassVar[float] = 3e-4
+
+    def resolved_lrs(self) -> tuple[float, float]:
+        """``(muon_lr, adam_lr)``: each half's own key, else ``lr``, else its DeepSpeed default."""
+        muon = self.muon_lr if self.muon_lr is not None else self.lr if self.lr is not None else self.MUON_LR_DEFAULT
+        adam = self.adam_lr if self.adam_lr is not None else self.lr if self.lr is not None else self.AUX_ADAM_LR_DEFAULT
+        return float(muon), float(adam)
 
 
 class SGDParams(OptimizerParams):

@@ -16,9 +16,13 @@ The last trust ratios are available from :meth:`Lamb.get_lamb_coeffs` (as FusedL
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from dscore.protocols import OptimizerContext
+    from dscore_plugins.optim.config import LambParams
 
 __all__ = ["Lamb", "build_lamb"]
 
@@ -108,6 +112,11 @@ class Lamb(torch.optim.Optimizer):
         return loss
 
 
-def build_lamb(params: Iterable[Any], **kwargs: Any) -> Lamb:
-    """OptimizerSpec factory for ``lamb``."""
-    return Lamb(params, **kwargs)
+def build_lamb(param_groups: list[dict[str, Any]], ctx: OptimizerContext[LambParams]) -> Lamb:
+    """OptimizerSpec factory for ``lamb`` (``ctx.section``: the validated ``optimizer.params``)."""
+    p = ctx.section
+    return Lamb(
+        param_groups, lr=p.lr, bias_correction=p.bias_correction, betas=p.betas, eps=p.eps,
+        eps_inside_sqrt=p.eps_inside_sqrt, weight_decay=p.weight_decay, max_coeff=p.max_coeff,
+        min_coeff=p.min_coeff, amsgrad=p.amsgrad,
+    )

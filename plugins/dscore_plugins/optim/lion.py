@@ -10,9 +10,13 @@ Per parameter, with decoupled weight decay::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from dscore.protocols import OptimizerContext
+    from dscore_plugins.optim.config import LionParams
 
 __all__ = ["Lion", "build_lion"]
 
@@ -58,6 +62,7 @@ class Lion(torch.optim.Optimizer):
         return loss
 
 
-def build_lion(params: Iterable[Any], **kwargs: Any) -> Lion:
-    """OptimizerSpec factory for ``lion``."""
-    return Lion(params, **kwargs)
+def build_lion(param_groups: list[dict[str, Any]], ctx: OptimizerContext[LionParams]) -> Lion:
+    """OptimizerSpec factory for ``lion`` (``ctx.section``: the validated ``optimizer.params``)."""
+    p = ctx.section
+    return Lion(param_groups, lr=p.lr, betas=p.betas, weight_decay=p.weight_decay)

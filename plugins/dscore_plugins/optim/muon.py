@@ -20,19 +20,19 @@ is applied by :func:`set_muon_flags` (call it on the model before ``dscore.initi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["AUX_ADAM_LR_DEFAULT", "MUON_LR_DEFAULT", "MuonWithAuxAdam", "build_muon", "newton_schulz5", "set_muon_flags"]
+if TYPE_CHECKING:
+    from dscore.protocols import OptimizerContext
+    from dscore_plugins.optim.config import MuonParams
+
+__all__ = ["MuonWithAuxAdam", "build_muon", "newton_schulz5", "set_muon_flags"]
 
 log = logging.getLogger("dscore.optim")
 
-#: Per-half learning rates when ``optimizer.params`` has no ``lr`` / ``muon_lr`` / ``adam_lr`` (DeepSpeed
-#: 0.19.8's MuonWithAuxAdam defaults).
-MUON_LR_DEFAULT = 0.02
-AUX_ADAM_LR_DEFAULT = 3e-4
 
 _NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
@@ -126,49 +126,34 @@ class MuonWithAuxAdam(torch.optim.Optimizer):
         return loss
 
 
-def build_muon(
-    params: Iterable[Any],
-    *,
-    lr: float | None = None,
-    muon_lr: float | None = None,
-    adam_lr: float | None = None,
-    momentum: float = 0.95,
-    nesterov: bool = True,
-    ns_steps: int = 5,
-    ns_method: str = "newton_schulz",
-    per_head_muon: bool = False,
-    betas: tuple[float, float] = (0.9, 0.95),
-    eps: float = 1e-10,
-    weight_decay: float = 0.0,
-) -> MuonWithAuxAdam:
+def build_muon(param_groups: list[dict[str, Any]], ctx: OptimizerContext[MuonParams]) -> MuonWithAuxAdam:
     """OptimizerSpec factory for ``muon``: split every incoming group into a Muon and an Adam group.
 
     Group-level overrides of the incoming groups (e.g. ``weight_decay``) are kept in both halves.
 
     Learning rates as DeepSpeed 0.19.8 (``lr`` is given to both halves; ``muon_lr`` / ``adam_lr`` override
     it): without any of them the Muon half uses 0.02 and the Adam half 3e-4 (MuonWithAuxAdam's own
-    per-half defaults), not 0.02 for both.
+    per-half defaults, :meth:`MuonParams.resolved_lrs`), not 0.02 for both.
 
     Raises:
-        dscore.errors.ConfigError: ``ns_method`` other than ``"newton_schulz"`` or ``per_head_muon`` true.
+        dscore.errors.ConfigError: ``ns_method`` other than ``"newton_schulz"`` or ``per_head_muon`` true
+            (the params model refuses both at config load already).
     """
     from dscore.errors import ConfigError
 
-    if ns_method != "newton_schulz":
+    hp = ctx.section
+    if hp.ns_method != "newton_schulz":
         raise ConfigError(
-            f"optimizer.params.ns_method={ns_method!r} is not implemented; valid: 'newton_schulz'",
-            path="optimizer.params.ns_method",
+            f"{ctx.key('ns_method')}={hp.ns_method!r} is not implemented; valid: 'newton_schulz'",
+            path=ctx.key("ns_method"),
         )
-    if per_head_muon:
-        raise ConfigError(
-            "optimizer.params.per_head_muon is not implemented in dscore", path="optimizer.params.per_head_muon"
-        )
-    if muon_lr is None:
-        muon_lr = lr if lr is not None else MUON_LR_DEFAULT
-    if adam_lr is None:
-        adam_lr = lr if lr is not None else AUX_ADAM_LR_DEFAULT
-    items = list(params)
-    groups = [dict(g) for g in items] if items and isinstance(items[0], dict) else [{"params": items}]
+    if hp.per_head_muon:
+        raise ConfigError(f"{ctx.key('per_head_muon')} is not implemented in dscore", path=ctx.key("per_head_muon"))
+    muon_lr, adam_lr = hp.resolved_lrs()
+    momentum, nesterov, ns_steps, betas, eps, weight_decay = (
+        hp.momentum, hp.nesterov, hp.ns_steps, hp.betas, hp.eps, hp.weight_decay
+    )
+    groups = [dict(g) for g in param_groups]
     out: list[dict[str, Any]] = []
     for group in groups:
         tensors = list(group.pop("params"))

@@ -40,9 +40,13 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from dscore.protocols import OptimizerContext
+    from dscore_plugins.optim.config import OneBitAdamParams, OneBitLambParams
 
 __all__ = [
     "OneBitAdam",
@@ -87,10 +91,10 @@ def _world(group: Any) -> tuple[int, int]:
 def _all_gather(t: torch.Tensor, world: int, group: Any) -> list[torch.Tensor]:
     if world == 1:
         return [t]
-    import torch.distributed as dist
+    from dscore.comm import active_comm  # the one Comm every collective goes through
 
     out = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(out, t.contiguous(), group=group)
+    active_comm().all_gather(out, t.contiguous(), group=group)
     return out
 
 
@@ -380,11 +384,12 @@ class OneBitLamb(_OneBitBase):
         return loss
 
 
-def build_onebit_adam(params: Iterable[Any], **kwargs: Any) -> OneBitAdam:
-    """OptimizerSpec factory for ``onebitadam``."""
-    return OneBitAdam(params, **kwargs)
+def build_onebit_adam(param_groups: list[dict[str, Any]], ctx: OptimizerContext[OneBitAdamParams]) -> OneBitAdam:
+    """OptimizerSpec factory for ``onebitadam``: every constructor argument from the validated params
+    model; the compressed all-reduce runs over the runtime's process group."""
+    return OneBitAdam(param_groups, **ctx.section.model_dump(), process_group=ctx.runtime.comm.group)
 
 
-def build_onebit_lamb(params: Iterable[Any], **kwargs: Any) -> OneBitLamb:
-    """OptimizerSpec factory for ``onebitlamb``."""
-    return OneBitLamb(params, **kwargs)
+def build_onebit_lamb(param_groups: list[dict[str, Any]], ctx: OptimizerContext[OneBitLambParams]) -> OneBitLamb:
+    """OptimizerSpec factory for ``onebitlamb`` (as :func:`build_onebit_adam`)."""
+    return OneBitLamb(param_groups, **ctx.section.model_dump(), process_group=ctx.runtime.comm.group)

@@ -1,8 +1,12 @@
 """Manifest of the built-in optimizers (torch-free: specs only).
 
 Names are matched case-insensitively, so DeepSpeed's spellings (``Adam``, ``AdamW``, ``OneBitAdam``) and
-lower-case ones work. The spec ``"torch"`` is the fallback the engine calls with
-``type_name=<optimizer.type>`` for any ``torch.optim`` class not registered here.
+lower-case ones work. The spec ``"torch"`` is the fallback the engine calls (with a
+:class:`dscore.protocols.TorchClassParams` section) for any ``torch.optim`` class not registered here.
+
+Capabilities are declared here and nowhere else: ``zero_supported`` marks DeepSpeed's
+ZERO_SUPPORTED_OPTIMIZERS (torch's Adam, AdamW, Adagrad; MuonWithAuxAdam), ``classes`` the exact classes
+each factory builds, so a client optimizer of such a class gets the same capabilities.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ OPTIMIZER_SPECS: tuple[OptimizerSpec, ...] = (
         params_model=f"{_CFG}:AdamParams",
         offload_capable=True,
         offload_factory=f"{_P}.adam:build_adam_offload",
+        zero_supported=True,
+        classes=("torch.optim:AdamW", "torch.optim:Adam"),
         description="Adam; decoupled weight decay unless adam_w_mode=false (DeepSpeed semantics)",
     ),
     OptimizerSpec(
@@ -30,26 +36,39 @@ OPTIMIZER_SPECS: tuple[OptimizerSpec, ...] = (
         params_model=f"{_CFG}:AdamWParams",
         offload_capable=True,
         offload_factory=f"{_P}.adam:build_adamw_offload",
+        zero_supported=True,
+        classes=("torch.optim:AdamW",),
         description="AdamW (adam_w_mode forced true)",
     ),
     OptimizerSpec(
         name="lamb",
         factory=f"{_P}.lamb:build_lamb",
         params_model=f"{_CFG}:LambParams",
+        classes=(f"{_P}.lamb:Lamb",),
         description="LAMB (FusedLamb semantics)",
     ),
-    OptimizerSpec(name="lion", factory=f"{_P}.lion:build_lion", params_model=f"{_CFG}:LionParams", description="Lion"),
+    OptimizerSpec(
+        name="lion",
+        factory=f"{_P}.lion:build_lion",
+        params_model=f"{_CFG}:LionParams",
+        classes=(f"{_P}.lion:Lion",),
+        description="Lion",
+    ),
     OptimizerSpec(
         name="adagrad",
         factory=f"{_P}.torch_optim:build_adagrad",
         params_model=f"{_CFG}:AdagradParams",
         offload_capable=True,
+        zero_supported=True,
+        classes=("torch.optim:Adagrad",),
         description="torch.optim.Adagrad",
     ),
     OptimizerSpec(
         name="muon",
         factory=f"{_P}.muon:build_muon",
         params_model=f"{_CFG}:MuonParams",
+        zero_supported=True,
+        classes=(f"{_P}.muon:MuonWithAuxAdam",),
         description="Muon for matrices with an auxiliary AdamW",
     ),
     OptimizerSpec(
@@ -70,12 +89,13 @@ OPTIMIZER_SPECS: tuple[OptimizerSpec, ...] = (
         name="sgd",
         factory=f"{_P}.torch_optim:build_sgd",
         params_model=f"{_CFG}:SGDParams",
+        classes=("torch.optim:SGD",),
         description="torch.optim.SGD",
     ),
     OptimizerSpec(
         name="torch",
         factory=f"{_P}.torch_optim:torch_optimizer_factory",
-        description="fallback: any torch.optim class by name (factory takes type_name=)",
+        description="fallback: any torch.optim class by name",
     ),
 )
 

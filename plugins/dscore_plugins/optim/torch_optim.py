@@ -2,34 +2,46 @@
 
 DeepSpeed builds ``torch.optim.Adagrad`` for ``adagrad`` and ``getattr(torch.optim, type)`` for any other
 name (``deepspeed-behaviour.md`` §4). dscore's engine calls :func:`torch_optimizer_factory` (registered as
-the optimizer spec ``"torch"``) with ``type_name=<optimizer.type>`` when the name is not a registered
-optimizer. Unlike DeepSpeed the lookup is case-insensitive when unambiguous (``"rmsprop"`` works).
+the optimizer spec ``"torch"``) with a :class:`dscore.protocols.TorchClassParams` section (the
+``optimizer.type`` as written and its params) when the name is not a registered optimizer. Unlike DeepSpeed the lookup is case-insensitive when unambiguous (``"rmsprop"`` works).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dscore.errors import ComponentNotFoundError, ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    import torch
+
+    from dscore.protocols import OptimizerContext, TorchClassParams
+    from dscore_plugins.optim.config import AdagradParams, SGDParams
 
 __all__ = ["build_adagrad", "build_sgd", "torch_optimizer_classes", "torch_optimizer_factory"]
 
 
-def build_adagrad(params: Iterable[Any], **kwargs: Any) -> Any:
-    """``torch.optim.Adagrad(params, **kwargs)`` with DeepSpeed's defaults (lr=1e-2, eps=1e-10)."""
+def build_adagrad(param_groups: list[dict[str, Any]], ctx: OptimizerContext[AdagradParams]) -> torch.optim.Adagrad:
+    """``torch.optim.Adagrad`` with the validated params (DeepSpeed's defaults lr=1e-2, eps=1e-10 live in
+    :class:`~dscore_plugins.optim.config.AdagradParams`)."""
     import torch
 
-    kwargs.setdefault("lr", 1e-2)
-    kwargs.setdefault("eps", 1e-10)
-    return torch.optim.Adagrad(params, **kwargs)
+    p = ctx.section
+    return torch.optim.Adagrad(
+        param_groups, lr=p.lr, lr_decay=p.lr_decay, weight_decay=p.weight_decay,
+        initial_accumulator_value=p.initial_accumulator_value, eps=p.eps,
+    )
 
 
-def build_sgd(params: Iterable[Any], **kwargs: Any) -> Any:
-    """``torch.optim.SGD(params, **kwargs)``."""
+def build_sgd(param_groups: list[dict[str, Any]], ctx: OptimizerContext[SGDParams]) -> torch.optim.SGD:
+    """``torch.optim.SGD`` with the validated params."""
     import torch
 
-    return torch.optim.SGD(params, **kwargs)
+    p = ctx.section
+    return torch.optim.SGD(
+        param_groups, lr=p.lr, momentum=p.momentum, dampening=p.dampening, weight_decay=p.weight_decay,
+        nesterov=p.nesterov, maximize=p.maximize,
+    )
 
 
 def torch_optimizer_classes() -> dict[str, type]:
@@ -51,37 +63,40 @@ def _builtin_names() -> list[str]:
     return [s.name for s in OPTIMIZER_SPECS if s.name != "torch"]
 
 
-def torch_optimizer_factory(params: Iterable[Any], type_name: str | None = None, **kwargs: Any) -> Any:
-    """Build ``torch.optim.<type_name>(params, **kwargs)``.
+def torch_optimizer_factory(
+    param_groups: list[dict[str, Any]], ctx: OptimizerContext[TorchClassParams]
+) -> torch.optim.Optimizer:
+    """Build ``torch.optim.<ctx.section.type_name>(param_groups, **ctx.section.params)``.
 
-    The exact name is tried first (DeepSpeed's rule), then a unique case-insensitive match.
+    The exact name is tried first (DeepSpeed's rule), then a unique case-insensitive match. The arguments
+    are torch's to check: dscore has no model of every torch optimizer's keyword arguments.
 
     Args:
-        params: tensors or param groups.
-        type_name: the ``optimizer.type`` the user wrote.
-        **kwargs: ``optimizer.params``, passed unchanged.
+        param_groups: torch-style param groups.
+        ctx: ``ctx.section`` holds the ``optimizer.type`` as written and ``optimizer.params``.
 
     Raises:
         ComponentNotFoundError: no such class; lists dscore's and torch's optimizers with close matches.
         ConfigError: ``max_grad_norm`` given (use ``gradient_clipping``), or the class rejected the params.
     """
+    type_name, kwargs = ctx.section.type_name, dict(ctx.section.params)
     if not type_name:
         raise ConfigError("optimizer.type is required to build a torch.optim class", path="optimizer.type")
     if "max_grad_norm" in kwargs:
         raise ConfigError(
             "'max_grad_norm' is not supported as an optimizer parameter; use the top-level ds_config key "
             "'gradient_clipping' instead",
-            path="optimizer.params.max_grad_norm",
+            path=ctx.key("max_grad_norm"),
         )
     cls = find_torch_class(
         torch_optimizer_classes(), type_name, kind="optimizer", config_key="optimizer", module="torch.optim",
         builtin_names=_builtin_names(),
     )
     try:
-        return cls(params, **kwargs)
+        return cls(param_groups, **kwargs)  # type: ignore[no-any-return]
     except TypeError as exc:
         raise ConfigError(
-            f"torch.optim.{cls.__name__} rejected optimizer.params {sorted(kwargs)}: {exc}", path="optimizer.params"
+            f"torch.optim.{cls.__name__} rejected optimizer.params {sorted(kwargs)}: {exc}", path=ctx.path
         ) from exc
 
 

@@ -12,18 +12,18 @@ _MOD = "dscore_plugins.precision.precision"
 def dscore_register_precisions() -> list[PrecisionSpec]:
     """fp32 (the default, ``config_key=None``), fp16 and bf16 (enabled by their ds_config blocks)."""
     return [
-        PrecisionSpec(name="fp32", config_key=None, factory=f"{_MOD}:Fp32Mode", description="full precision"),
+        PrecisionSpec(name="fp32", config_key=None, factory=f"{_MOD}:build_fp32", description="full precision"),
         PrecisionSpec(
             name="fp16",
             config_key="fp16",
-            factory=f"{_MOD}:Fp16Mode",
+            factory=f"{_MOD}:build_fp16",
             description="fp16 with static or dynamic loss scaling (both DeepSpeed algorithms)",
         ),
         PrecisionSpec(
             name="bf16",
             config_key="bf16",
             aliases=("bfloat16",),
-            factory=f"{_MOD}:Bf16Mode",
+            factory=f"{_MOD}:build_bf16",
             description="bf16 without loss scaling; optional inf/NaN step skipping",
         ),
     ]

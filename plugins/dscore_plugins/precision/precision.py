@@ -1,7 +1,8 @@
 """The precision modes: fp32, fp16 (static or dynamic loss scaling) and bf16.
 
-Each factory takes the whole validated ``DscoreConfig`` and reads its ``fp16`` / ``bf16`` block
-(DeepSpeed's keys and defaults, ``deepspeed-behaviour.md`` §2.5). The ZeRO stage asks the mode for a
+Each factory receives a :class:`dscore.protocols.PrecisionContext` whose ``section`` is the validated
+``fp16`` / ``bf16`` block (:mod:`dscore_plugins.precision.config`: DeepSpeed's keys and defaults,
+``deepspeed-behaviour.md`` §2.5 — the defaults live there only). The ZeRO stage asks the mode for a
 loss scaler (:meth:`PrecisionMode.make_loss_scaler`) and whether to check gradients for inf/NaN
 (:attr:`PrecisionMode.check_overflow`); gradient clipping is done by the ZeRO stage identically for
 every mode (on unscaled gradients).
@@ -17,36 +18,17 @@ import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dscore.protocols.precision import LossScaler, PrecisionMode
+from dscore_plugins.precision.config import Bf16Config, Fp16Config
 from dscore_plugins.precision.loss_scaler import DynamicLossScaler, StaticLossScaler
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Fp32Mode", "Fp16Mode", "Bf16Mode", "FP16_DEFAULTS", "BF16_DEFAULTS"]
+    from dscore.protocols import PrecisionContext
+
+__all__ = ["Bf16Mode", "Fp16Mode", "Fp32Mode", "build_bf16", "build_fp16", "build_fp32"]
 
 log = logging.getLogger("dscore.precision")
-
-#: DeepSpeed 0.19.8 defaults of the ``fp16`` block (used for keys a config object lacks).
-FP16_DEFAULTS: dict[str, Any] = {
-    "enabled": False,
-    "loss_scale": 0.0,
-    "initial_scale_power": 16,
-    "loss_scale_window": 1000,
-    "hysteresis": 2,
-    "consecutive_hysteresis": False,
-    "min_loss_scale": 1.0,
-}
-#: DeepSpeed 0.19.8 defaults of the ``bf16`` block.
-BF16_DEFAULTS: dict[str, Any] = {"enabled": False, "check_grad_overflow": True}
-
-
-def _read(config: Any, section: str, key: str, defaults: dict[str, Any]) -> Any:
-    """``config.<section>.<key>``, accepting dict configs and absent sections (-> DeepSpeed default)."""
-    block = config.get(section) if isinstance(config, dict) else getattr(config, section, None)
-    if block is None:
-        return defaults[key]
-    value = block.get(key, defaults[key]) if isinstance(block, dict) else getattr(block, key, defaults[key])
-    return defaults[key] if value is None else value
 
 
 def _cast_module(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
@@ -55,17 +37,10 @@ def _cast_module(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module
 
 
 class Fp32Mode(PrecisionMode):
-    """Full precision: no casting, no loss scaling, no overflow check.
-
-    Args:
-        config: the validated DscoreConfig (unused; accepted for the common factory signature).
-    """
+    """Full precision: no casting, no loss scaling, no overflow check."""
 
     name: ClassVar[str] = "fp32"
     check_overflow = False
-
-    def __init__(self, config: Any = None) -> None:
-        self.config = config
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -83,24 +58,24 @@ class Fp32Mode(PrecisionMode):
 class Fp16Mode(PrecisionMode):
     """fp16 parameters and activations with loss scaling; overflowing steps are skipped.
 
-    Reads ``config.fp16``: ``loss_scale`` (0 = dynamic), ``initial_scale_power`` (initial scale
+    Reads the ``fp16`` block: ``loss_scale`` (0 = dynamic), ``initial_scale_power`` (initial scale
     ``2**power``), ``loss_scale_window``, ``hysteresis``, ``consecutive_hysteresis``, ``min_loss_scale``.
 
     Args:
-        config: the validated DscoreConfig.
+        section: the validated ``fp16`` block (default: the block's defaults, dynamic scaling).
     """
 
     name: ClassVar[str] = "fp16"
     check_overflow = True
 
-    def __init__(self, config: Any) -> None:
-        self.config = config
-        self.loss_scale = float(_read(config, "fp16", "loss_scale", FP16_DEFAULTS))
-        self.initial_scale_power = int(_read(config, "fp16", "initial_scale_power", FP16_DEFAULTS))
-        self.loss_scale_window = float(_read(config, "fp16", "loss_scale_window", FP16_DEFAULTS))
-        self.hysteresis = int(_read(config, "fp16", "hysteresis", FP16_DEFAULTS))
-        self.consecutive_hysteresis = bool(_read(config, "fp16", "consecutive_hysteresis", FP16_DEFAULTS))
-        self.min_loss_scale = float(_read(config, "fp16", "min_loss_scale", FP16_DEFAULTS))
+    def __init__(self, section: Fp16Config | None = None) -> None:
+        self.section = section if section is not None else Fp16Config()
+        self.loss_scale = float(self.section.loss_scale)
+        self.initial_scale_power = int(self.section.initial_scale_power)
+        self.loss_scale_window = float(self.section.loss_scale_window)
+        self.hysteresis = int(self.section.hysteresis)
+        self.consecutive_hysteresis = bool(self.section.consecutive_hysteresis)
+        self.min_loss_scale = float(self.section.min_loss_scale)
 
     @property
     def dynamic(self) -> bool:
@@ -135,18 +110,18 @@ class Fp16Mode(PrecisionMode):
 class Bf16Mode(PrecisionMode):
     """bf16 parameters and activations; no loss scaling.
 
-    ``config.bf16.check_grad_overflow`` (default true, DeepSpeed 0.19.x) makes the ZeRO stage skip steps
+    ``bf16.check_grad_overflow`` (default true, DeepSpeed 0.19.x) makes the ZeRO stage skip steps
     whose gradients hold inf/NaN, like fp16 does.
 
     Args:
-        config: the validated DscoreConfig.
+        section: the validated ``bf16`` block (default: the block's defaults).
     """
 
     name: ClassVar[str] = "bf16"
 
-    def __init__(self, config: Any) -> None:
-        self.config = config
-        self.check_overflow = bool(_read(config, "bf16", "check_grad_overflow", BF16_DEFAULTS))
+    def __init__(self, section: Bf16Config | None = None) -> None:
+        self.section = section if section is not None else Bf16Config()
+        self.check_overflow = bool(self.section.check_grad_overflow)
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -159,3 +134,19 @@ class Bf16Mode(PrecisionMode):
 
     def prepare_module(self, module: torch.nn.Module) -> torch.nn.Module:
         return _cast_module(module, self.compute_dtype)
+
+
+# PrecisionSpec factories: ``factory(ctx: PrecisionContext)``.
+def build_fp32(ctx: PrecisionContext[Any]) -> Fp32Mode:
+    """The default mode (no config block)."""
+    return Fp32Mode()
+
+
+def build_fp16(ctx: PrecisionContext[Fp16Config]) -> Fp16Mode:
+    """fp16 from the validated ``fp16`` block."""
+    return Fp16Mode(ctx.section)
+
+
+def build_bf16(ctx: PrecisionContext[Bf16Config]) -> Bf16Mode:
+    """bf16 from the validated ``bf16`` block."""
+    return Bf16Mode(ctx.section)

@@ -27,11 +27,33 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dscore.errors import ConfigError
 
-__all__ = ["LRSchedulerBase", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"]
+if TYPE_CHECKING:
+    from dscore.protocols import SchedulerContext
+    from dscore_plugins.sched.config import (
+        LRRangeTestParams,
+        OneCycleParams,
+        WarmupCosineLRParams,
+        WarmupDecayLRParams,
+        WarmupLRParams,
+    )
+
+__all__ = [
+    "LRSchedulerBase",
+    "WarmupLR",
+    "WarmupDecayLR",
+    "WarmupCosineLR",
+    "OneCycle",
+    "LRRangeTest",
+    "build_lr_range_test",
+    "build_one_cycle",
+    "build_warmup_cosine_lr",
+    "build_warmup_decay_lr",
+    "build_warmup_lr",
+]
 
 log = logging.getLogger("dscore.sched")
 
@@ -450,3 +472,32 @@ class LRRangeTest(LRSchedulerBase):
         """``min_lr * (1 + rate * interval)`` per group."""
         increase = 1.0 + self.step_rate * self._interval()
         return [lr * increase for lr in self.min_lr]
+
+
+# ---------------------------------------------------------------------------------------------------
+# LRSchedulerSpec factories: ``factory(optimizer, ctx)``. The params models hold every default and their
+# field names are the constructors' keyword arguments, so each factory hands over the validated model.
+# ---------------------------------------------------------------------------------------------------
+def build_warmup_lr(optimizer: Any, ctx: SchedulerContext[WarmupLRParams]) -> WarmupLR:
+    """``WarmupLR`` from the validated ``scheduler.params``."""
+    return WarmupLR(optimizer, **ctx.section.model_dump())
+
+
+def build_warmup_decay_lr(optimizer: Any, ctx: SchedulerContext[WarmupDecayLRParams]) -> WarmupDecayLR:
+    """``WarmupDecayLR`` from the validated ``scheduler.params``."""
+    return WarmupDecayLR(optimizer, **ctx.section.model_dump())
+
+
+def build_warmup_cosine_lr(optimizer: Any, ctx: SchedulerContext[WarmupCosineLRParams]) -> WarmupCosineLR:
+    """``WarmupCosineLR`` from the validated ``scheduler.params``."""
+    return WarmupCosineLR(optimizer, **ctx.section.model_dump())
+
+
+def build_one_cycle(optimizer: Any, ctx: SchedulerContext[OneCycleParams]) -> OneCycle:
+    """``OneCycle`` from the validated ``scheduler.params``."""
+    return OneCycle(optimizer, **ctx.section.model_dump())
+
+
+def build_lr_range_test(optimizer: Any, ctx: SchedulerContext[LRRangeTestParams]) -> LRRangeTest:
+    """``LRRangeTest`` from the validated ``scheduler.params``."""
+    return LRRangeTest(optimizer, **ctx.section.model_dump())

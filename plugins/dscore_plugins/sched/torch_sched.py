@@ -3,16 +3,19 @@
 DeepSpeed looks ``scheduler.type`` up in its own schedulers, then in ``torch.optim.lr_scheduler``
 (``deepspeed-behaviour.md`` §3). dscore's engine does the same through the registry: when
 ``scheduler.type`` is not a registered scheduler it calls this factory (registered as the scheduler
-spec ``"torch"``) with ``type_name=<the name>``.
+spec ``"torch"``) with a :class:`dscore.protocols.TorchClassParams` section (the name and its params).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dscore.errors import ConfigError
 from dscore_plugins.optim.torch_optim import find_torch_class
+
+if TYPE_CHECKING:
+    from dscore.protocols import SchedulerContext, TorchClassParams
 
 __all__ = ["torch_scheduler_classes", "torch_scheduler_factory"]
 
@@ -40,21 +43,21 @@ def _builtin_names() -> list[str]:
     return [s.name for s in SCHEDULER_SPECS if s.name != "torch"]
 
 
-def torch_scheduler_factory(optimizer: Any, type_name: str | None = None, **params: Any) -> Any:
-    """Build ``torch.optim.lr_scheduler.<type_name>(optimizer, **params)``.
+def torch_scheduler_factory(optimizer: Any, ctx: SchedulerContext[TorchClassParams]) -> Any:
+    """Build ``torch.optim.lr_scheduler.<ctx.section.type_name>(optimizer, **ctx.section.params)``.
 
     The exact class name is tried first (DeepSpeed's rule), then a unique case-insensitive match
-    (``"steplr"`` -> ``StepLR``).
+    (``"steplr"`` -> ``StepLR``). torch checks the arguments.
 
     Args:
         optimizer: the engine's optimizer (its ``param_groups`` carry the live lr).
-        type_name: the ``scheduler.type`` the user wrote.
-        **params: ``scheduler.params``, passed to the constructor unchanged.
+        ctx: ``ctx.section`` holds the ``scheduler.type`` as written and ``scheduler.params``.
 
     Raises:
         ComponentNotFoundError: no such class; lists dscore's and torch's schedulers with close matches.
-        ConfigError: the class rejected ``params`` (the constructor's TypeError is chained).
+        ConfigError: the class rejected the params (the constructor's TypeError is chained).
     """
+    type_name, params = ctx.section.type_name, dict(ctx.section.params)
     if not type_name:
         raise ConfigError("scheduler.type is required to build a torch.optim.lr_scheduler class", path="scheduler.type")
     cls = find_torch_class(
@@ -66,5 +69,5 @@ def torch_scheduler_factory(optimizer: Any, type_name: str | None = None, **para
     except TypeError as exc:
         raise ConfigError(
             f"torch.optim.lr_scheduler.{cls.__name__} rejected scheduler.params {sorted(params)}: {exc}",
-            path="scheduler.params",
+            path=ctx.path or "scheduler.params",
         ) from exc

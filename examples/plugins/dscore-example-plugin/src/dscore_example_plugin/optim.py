@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from dscore.protocols import OptimizerContext
+    from dscore_example_plugin.config import SignSGDParams
 
 
 class SignSGD(torch.optim.Optimizer):
@@ -45,3 +49,10 @@ class SignSGD(torch.optim.Optimizer):
                     p.mul_(1 - group["lr"] * group["weight_decay"])
                 p.add_(torch.sign(m), alpha=-group["lr"])
         return loss
+
+
+def build_sign_sgd(param_groups: list[dict[str, Any]], ctx: OptimizerContext[SignSGDParams]) -> SignSGD:
+    """The ``SignSGD`` factory dscore calls: ``ctx.section`` is ``optimizer.params`` already validated by
+    :class:`~dscore_example_plugin.config.SignSGDParams` (which holds the defaults)."""
+    p = ctx.section
+    return SignSGD(param_groups, lr=p.lr, momentum=p.momentum, weight_decay=p.weight_decay)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from dscore.protocols import SchedulerContext
+    from dscore_example_plugin.config import InverseSqrtLRParams
 
 
 class InverseSqrtLR(torch.optim.lr_scheduler.LambdaLR):
@@ -26,3 +31,10 @@ class InverseSqrtLR(torch.optim.lr_scheduler.LambdaLR):
             return min(step / warmup_num_steps, math.sqrt(warmup_num_steps / step))
 
         super().__init__(optimizer, factor)
+
+
+def build_inverse_sqrt_lr(
+    optimizer: torch.optim.Optimizer, ctx: SchedulerContext[InverseSqrtLRParams]
+) -> InverseSqrtLR:
+    """The ``InverseSqrtLR`` factory dscore calls with the validated ``scheduler.params``."""
+    return InverseSqrtLR(optimizer, warmup_num_steps=ctx.section.warmup_num_steps)
