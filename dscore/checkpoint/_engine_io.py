@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from dscore.checkpoint import _layout as L
-from dscore.checkpoint._collective import Collectives
 from dscore.checkpoint._tensorfile import read_tensor_file, write_tensor_file
 from dscore.checkpoint._tree import decode, encode
+from dscore.comm import Comm
 from dscore.comm.guard import ensure_all_arrived
 from dscore.errors import CheckpointError, CheckpointNotFoundError
 
@@ -28,6 +28,13 @@ __all__ = ["load_checkpoint", "save_16bit_model", "save_checkpoint"]
 logger = logging.getLogger("dscore.checkpoint")
 
 _TAG_VALIDATION_MODES = ("IGNORE", "WARN", "FAIL")
+
+
+def _agree(comm: Comm, error: BaseException | None, what: str, payload: Any = None) -> list[Any]:
+    """:meth:`Comm.agree` with the checkpoint error types: every rank raises the same error when one failed."""
+    return comm.agree(
+        error, what, payload, error_types=(CheckpointNotFoundError, CheckpointError), default_error=CheckpointError
+    )
 
 
 # ------------------------------------------------------------------------------------- engine access
@@ -39,7 +46,8 @@ class _Engine:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         runtime = getattr(engine, "runtime", None)
-        self.coll = Collectives(getattr(runtime, "comm", None) or getattr(engine, "comm", None))
+        comm = getattr(runtime, "comm", None) or getattr(engine, "comm", None)
+        self.coll: Comm = comm if isinstance(comm, Comm) else Comm(None)
         zero = getattr(engine, "zero_stage_impl", None)
         if zero is None:
             raise CheckpointError(
@@ -67,7 +75,7 @@ class _Engine:
         stage = getattr(self.zero, "stage", None)
         if stage is None:
             stage = getattr(self.config, "zero_stage", 0)
-        return int(stage)
+        return int(stage or 0)
 
     @property
     def gather_16bit_on_save(self) -> bool:
@@ -240,7 +248,7 @@ def save_checkpoint(
     info = None if local is None else {"tag": local["tag"], "host": socket.gethostname()}
     if rank == 0 and info is not None:
         info["token"] = uuid.uuid4().hex
-    infos = coll.agree(err, "validating the checkpoint request", info)
+    infos = _agree(coll, err, "validating the checkpoint request", info)
     assert local is not None
     tags = [i["tag"] for i in infos]
     tag_text = tags[0]
@@ -265,7 +273,7 @@ def save_checkpoint(
         os.mkdir(tmp_dir)
 
     err = _local_error(prepare)[1] if rank == 0 else None
-    coll.agree(err, f"creating {tmp_dir}")
+    _agree(coll, err, f"creating {tmp_dir}")
 
     durable = L.durable()
 
@@ -338,7 +346,7 @@ def save_checkpoint(
         return written
 
     written, err = _local_error(write)
-    manifests = coll.agree(err, f"writing checkpoint files into {tmp_dir}", written)
+    manifests = _agree(coll, err, f"writing checkpoint files into {tmp_dir}", written)
 
     # Phase 4 - rank 0 seals the directory, publishes it under its tag, then moves `latest`.
     def publish() -> None:
@@ -373,7 +381,7 @@ def save_checkpoint(
             L.atomic_write_bytes(os.path.join(save_dir, L.LATEST_FILE), tag_text.encode("utf-8"))
 
     err = _local_error(publish)[1] if rank == 0 else None
-    coll.agree(err, f"publishing checkpoint {tag_dir}")
+    _agree(coll, err, f"publishing checkpoint {tag_dir}")
     if rank == 0:
         logger.info("saved checkpoint %s (%d rank(s), %.2f s)", tag_dir, world, time.perf_counter() - t0)
     view.call_hook("dscore_checkpoint_saved", save_dir=save_dir, tag=tag_text)
@@ -540,14 +548,14 @@ def load_checkpoint(
         return L.resolve_tag(load_dir_text, wanted)
 
     resolved, err = _local_error(resolve)
-    asks = coll.all_gather((load_dir_text, tag_arg))
+    asks = coll.all_gather_object((load_dir_text, tag_arg))
     if len(set(asks)) > 1:
         listing = "; ".join(f"rank {r}: load_dir={d!r}, tag={t!r}" for r, (d, t) in enumerate(asks))
         raise CheckpointError(
             f"load_checkpoint was called with different arguments on different ranks ({listing}); every rank "
             "must load the same directory and tag"
         )
-    results = coll.agree(err, f"resolving the checkpoint in {load_dir_text}", resolved)
+    results = _agree(coll, err, f"resolving the checkpoint in {load_dir_text}", resolved)
     if len(set(results)) > 1:  # the filesystem changed under us between ranks
         raise CheckpointError(f"ranks resolved different tags in {load_dir_text}: {results}; retry the load")
     if resolved is None:
@@ -615,7 +623,7 @@ def load_checkpoint(
         return out
 
     state, err = _local_error(read)
-    coll.agree(err, f"reading checkpoint {tag_dir}")
+    _agree(coll, err, f"reading checkpoint {tag_dir}")
     assert state is not None
 
     def apply() -> None:
@@ -661,7 +669,7 @@ def load_checkpoint(
             )
 
     err = _local_error(apply)[1]
-    coll.agree(err, f"loading checkpoint {tag_dir} into the engine")
+    _agree(coll, err, f"loading checkpoint {tag_dir} into the engine")
     if rank == 0:
         logger.info(
             "loaded checkpoint %s (saved with %d rank(s), loaded with %d)",
@@ -734,7 +742,7 @@ def save_16bit_model(engine: Any, save_dir: str | os.PathLike[str], save_filenam
         L.fsync_dir(os.path.dirname(path))
 
     err = _local_error(write)[1] if coll.rank == 0 else None
-    coll.agree(err, f"writing {path}")
+    _agree(coll, err, f"writing {path}")
     if coll.rank == 0:
         logger.info("saved 16-bit model weights to %s", path)
     return True

@@ -1,5 +1,8 @@
 """Distributed communication: ``init_distributed``, environment discovery and the :class:`Comm` facade.
 
+:class:`Comm` is the one collective layer of dscore (async :class:`Work` handles, one-rank short cuts,
+the gloo fast paths, :meth:`Comm.agree`); ``bound_to(group)`` gives one over a sub-group.
+
 The facade is owned by the runtime (``dscore.runtime.context.current_runtime().comm``), not kept in a
 module global. The module-level functions below are conveniences for user code written against
 ``deepspeed.comm``: each one uses the current runtime's facade, or, outside ``dscore.initialize``, a
@@ -20,6 +23,8 @@ __all__ = [
     "EMULABLE_OPS",
     "Comm",
     "DistributedEnv",
+    "RankFailure",
+    "Work",
     "active_comm",
     "all_gather",
     "all_gather_into_tensor",
@@ -43,6 +48,8 @@ _LAZY: dict[str, str] = {
     "Comm": "dscore.comm.facade",
     "EMULABLE_OPS": "dscore.comm.facade",
     "reduce_op": "dscore.comm.facade",
+    "RankFailure": "dscore.comm.facade",
+    "Work": "dscore.comm.facade",
     "init_distributed": "dscore.comm.init",
     **{
         name: "dscore.comm.api"
@@ -70,7 +77,7 @@ if TYPE_CHECKING:  # pragma: no cover
         reduce_scatter,
         reduce_scatter_tensor,
     )
-    from dscore.comm.facade import EMULABLE_OPS, Comm, reduce_op
+    from dscore.comm.facade import EMULABLE_OPS, Comm, RankFailure, Work, reduce_op
     from dscore.comm.init import init_distributed
 
 

@@ -14,7 +14,26 @@ tensors and returns the same work handles as ``torch.distributed``, with three c
   raises that it does not support it, the emulation is used from then on. ``emulate=`` forces the
   emulation (tests use it to check both paths).
 
-Ranks passed to :meth:`Comm.broadcast` (``src``) are global ranks, as in torch.distributed.
+Every collective in dscore goes through this class (ZeRO stages, ``dscore.zero.Init``, checkpoints), so
+the fallbacks below live here and nowhere else:
+
+* **Async work handles.** With ``async_op=True`` every collective returns a :class:`Work`: ``wait()`` is
+  idempotent and also runs the operation's finishing step (an emulation's division or slice copy), so
+  a caller never needs to know which path ran. ``async_op=False`` returns ``None`` (torch's contract).
+* **One rank.** A group of one rank (or no process group at all: rank 0 of 1, e.g. ``dscore.zero.Init``
+  before ``init_distributed``) runs no collective: gathers and reduce-scatters are local copies.
+* **gloo fast paths.** On gloo, ``all_gather_into_tensor`` is one broadcast from each owner into its
+  chunk of the output and ``reduce_scatter_tensor`` is an all-reduce followed by a copy of this rank's
+  slice; both exact, and measured on loopback (16 MB, 2 ranks) about 2x faster than gloo's own
+  all-gather / reduce-scatter. ``DSCORE_GLOO_NATIVE=1`` turns them off (gloo's own calls are used).
+  Pass ``input_reusable=True`` to :meth:`Comm.reduce_scatter_tensor` when the input may be overwritten:
+  the all-reduce then runs in place instead of on a copy.
+* **Agreeing on errors.** :meth:`Comm.agree` all-gathers each rank's outcome of a phase (None or an
+  exception) so a failure on one rank raises the same error on every rank instead of hanging the others
+  in the next collective (checkpoint save/load ends each phase with it).
+
+Ranks passed to :meth:`Comm.broadcast` (``src``) are global ranks, as in torch.distributed;
+:meth:`Comm.global_rank` converts a rank of the bound group.
 """
 
 from __future__ import annotations
@@ -27,12 +46,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from dscore.errors import DistributedError
+from dscore.errors import DistributedError, DscoreError
 
 if TYPE_CHECKING:
     from dscore.comm.env import DistributedEnv
 
-__all__ = ["Comm", "EMULABLE_OPS", "reduce_op"]
+__all__ = ["Comm", "EMULABLE_OPS", "RankFailure", "Work", "reduce_op"]
 
 log = logging.getLogger("dscore.comm")
 
@@ -75,35 +94,65 @@ def _is_avg(op: Any) -> bool:
     return op == dist.ReduceOp.AVG
 
 
-class _PostProcessedWork:
-    """A work handle whose ``wait()`` also runs the emulation's finishing step (division or slice copy)."""
+class Work:
+    """An asynchronous collective (or several launched together) and the step that finishes it.
 
-    def __init__(self, work: Any, finish: Callable[[], None]) -> None:
-        self._work = work
+    ``wait()`` waits for every underlying ``torch.distributed`` work, then runs ``finish`` (e.g. copying
+    this rank's slice out of an all-reduced buffer, or dividing for an emulated average) exactly once;
+    later calls return at once. A ``Work`` with nothing pending runs ``finish`` immediately.
+
+    Args:
+        works: torch work handles (``None`` entries are ignored).
+        finish: a no-argument callable run once everything completed, or None.
+    """
+
+    __slots__ = ("_works", "_finish")
+
+    def __init__(self, works: Iterable[Any] = (), finish: Callable[[], Any] | None = None) -> None:
+        self._works = [w for w in works if w is not None]
         self._finish = finish
-        self._done = False
+        if not self._works and finish is not None:
+            finish()
+            self._finish = None
 
     def wait(self, timeout: Any = None) -> bool:
-        """Wait for the collective, then finish the emulation once; returns True."""
-        if timeout is None:
-            self._work.wait()
-        else:
-            self._work.wait(timeout)
-        if not self._done:
-            self._finish()
-            self._done = True
+        """Wait for the collective(s), then run the finishing step once; returns True."""
+        for w in self._works:
+            if timeout is None:
+                w.wait()
+            else:
+                w.wait(timeout)
+        self._works = []
+        if self._finish is not None:
+            fin, self._finish = self._finish, None
+            fin()
         return True
 
     def is_completed(self) -> bool:
-        """True once :meth:`wait` finished (the emulation's last step runs inside ``wait``)."""
-        return self._done
+        """True once :meth:`wait` returned (or when nothing was pending)."""
+        return not self._works and self._finish is None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._work, name)
+
+_DONE = Work()
+
+
+class RankFailure:
+    """A picklable description of one rank's failure in a phase (see :meth:`Comm.agree`).
+
+    Attributes:
+        type_name: the exception's class name.
+        own: True for a dscore error (its message is shown as it is).
+        message: the error text (prefixed with the class name for foreign exceptions).
+    """
+
+    def __init__(self, exc: BaseException) -> None:
+        self.type_name = type(exc).__name__
+        self.own = isinstance(exc, DscoreError)
+        self.message = str(exc) if self.own else f"{type(exc).__name__}: {exc}"
 
 
 class Comm:
-    """Collectives over one process group (see the module docstring for emulation rules).
+    """Collectives over one process group (see the module docstring for the fallback rules).
 
     Args:
         group: the process group collectives run on when ``group=None`` is passed (``None``: the default
@@ -136,6 +185,7 @@ class Comm:
         self.env = env
         self._emulated: set[str] = set(forced)
         self.owns_group = bool(owns_group)
+        self._gloo_fast: dict[int, bool] = {}
 
     def __repr__(self) -> str:
         if not self.is_initialized():
@@ -152,12 +202,32 @@ class Comm:
         return dist.is_available() and dist.is_initialized()
 
     def get_rank(self, group: Any = None) -> int:
-        """This process's rank in ``group`` (the bound group by default)."""
+        """This process's rank in ``group`` (the bound group by default); 0 without a process group."""
+        if not self.is_initialized():
+            return 0
         return int(dist.get_rank(self._group(group)))
 
     def get_world_size(self, group: Any = None) -> int:
-        """Number of ranks in ``group`` (the bound group by default)."""
+        """Number of ranks in ``group`` (the bound group by default); 1 without a process group."""
+        if not self.is_initialized():
+            return 1
         return int(dist.get_world_size(self._group(group)))
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the bound group (0 without a process group)."""
+        return self.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        """Size of the bound group (1 without a process group)."""
+        return self.get_world_size()
+
+    def global_rank(self, group_rank: int) -> int:
+        """The global rank of rank ``group_rank`` of the bound group (what :meth:`broadcast` takes)."""
+        if self.group is None or not self.is_initialized():
+            return int(group_rank)
+        return int(dist.get_global_rank(self.group, int(group_rank)))
 
     def get_local_rank(self) -> int:
         """Rank of this process among those of its node (``LOCAL_RANK``)."""
@@ -169,6 +239,21 @@ class Comm:
         """The torch backend string of ``group`` (``"gloo"``, ``"nccl"``, ...)."""
         return str(dist.get_backend(self._group(group)))
 
+    def gloo_fast(self, group: Any = None) -> bool:
+        """True when the gloo fast paths apply to ``group`` (gloo backend, ``DSCORE_GLOO_NATIVE`` unset).
+
+        Decided once per group (``DSCORE_GLOO_NATIVE`` is read then), so the per-bucket cost is a lookup.
+        """
+        grp = self._group(group)
+        key = id(grp)
+        cached = self._gloo_fast.get(key)
+        if cached is None:
+            if not self.is_initialized():
+                return False
+            cached = self.get_backend(grp).lower() == "gloo" and os.environ.get("DSCORE_GLOO_NATIVE", "0") != "1"
+            self._gloo_fast[key] = cached
+        return cached
+
     def new_group(self, ranks: Sequence[int], **kwargs: Any) -> Any:
         """A new process group of the global ``ranks`` (every rank of the default group must call this).
 
@@ -177,7 +262,11 @@ class Comm:
         return dist.new_group(ranks=sorted(int(r) for r in ranks), **kwargs)
 
     def bound_to(self, group: Any) -> Comm:
-        """A facade sharing this one's settings but bound to ``group``."""
+        """A facade sharing this one's settings (backend, env, emulations) but bound to ``group``.
+
+        Collectives with ``group=None`` then run on ``group`` and :attr:`rank` / :attr:`world_size` are
+        ranks of it (a pipeline stage's data-parallel group, for example). It never owns the group.
+        """
         other = Comm(group, backend=self.backend, env=self.env)
         other._emulated = set(self._emulated)
         return other
@@ -197,10 +286,14 @@ class Comm:
             return emulated()
 
     @staticmethod
-    def _finish(work: Any, async_op: bool, finish: Callable[[], None]) -> Any:
+    def _result(work: Any, async_op: bool, finish: Callable[[], Any] | None = None) -> Work | None:
+        """A :class:`Work` (async) or None after finishing (sync)."""
         if async_op:
-            return _PostProcessedWork(work, finish)
-        finish()
+            if isinstance(work, Work) and finish is None:
+                return work
+            return Work([work] if not isinstance(work, list) else work, finish)
+        if finish is not None:
+            finish()
         return None
 
     @staticmethod
@@ -211,26 +304,34 @@ class Comm:
             )
 
     # ---------------------------------------------------------------- collectives
-    def all_reduce(self, tensor: torch.Tensor, op: str | Any = "sum", group: Any = None, async_op: bool = False) -> Any:
+    def all_reduce(
+        self, tensor: torch.Tensor, op: str | Any = "sum", group: Any = None, async_op: bool = False
+    ) -> Work | None:
         """Reduce ``tensor`` (any shape/dtype) across the group in place; every rank gets the result.
 
         ``op="avg"`` needs a floating dtype; where the backend lacks AVG it is SUM then ``/= world_size``.
+        A one-rank group leaves ``tensor`` as it is.
 
         Returns:
-            A work handle when ``async_op`` is True, else ``None``.
+            A :class:`Work` when ``async_op`` is True, else ``None``.
         """
         rop = reduce_op(op)
         grp = self._group(group)
+        if _is_avg(rop):
+            self._require_floating(tensor, "all_reduce")
+        if self.get_world_size(grp) == 1:
+            return _DONE if async_op else None
         if not _is_avg(rop):
-            return dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op)
-        self._require_floating(tensor, "all_reduce")
+            return self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op)
 
         def emulated() -> Any:
             work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=grp, async_op=async_op)
-            return self._finish(work, async_op, lambda: tensor.div_(dist.get_world_size(grp)))
+            return self._result(work, async_op, lambda: tensor.div_(dist.get_world_size(grp)))
 
         return self._native_or_emulated(
-            "avg", lambda: dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), emulated
+            "avg",
+            lambda: self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op),
+            emulated,
         )
 
     def reduce_scatter_tensor(
@@ -240,18 +341,25 @@ class Comm:
         op: str | Any = "sum",
         group: Any = None,
         async_op: bool = False,
-    ) -> Any:
+        *,
+        input_reusable: bool = False,
+    ) -> Work | None:
         """Reduce ``input`` across ranks and keep this rank's equal slice in ``output``.
 
         Shapes: ``input.numel() == world_size * output.numel()``; rank ``r`` receives elements
         ``[r * n, (r + 1) * n)`` of the flattened reduced input (``n = output.numel()``); same dtype;
         ``output`` contiguous (any shapes otherwise: the tensors are viewed flat).
 
+        Args:
+            input_reusable: the caller does not need ``input`` afterwards, so the gloo fast path (and the
+                emulation) may all-reduce it in place instead of a copy. ``output`` may then alias this
+                rank's slice of ``input`` (contiguous ``input`` only).
+
         Raises:
             DistributedError: the sizes do not match, or ``output`` is not contiguous.
         """
         grp = self._group(group)
-        world = dist.get_world_size(grp)
+        world = self.get_world_size(grp)
         n = output.numel()
         _require_contiguous(output, "reduce_scatter_tensor")
         if input.numel() != world * n:
@@ -262,17 +370,25 @@ class Comm:
         rop = reduce_op(op)
         if _is_avg(rop):
             self._require_floating(input, "reduce_scatter_tensor")
+        if world == 1:
+            if output.data_ptr() != input.data_ptr():
+                output.copy_(input.reshape(output.shape))
+            return _DONE if async_op else None
+        reusable = input_reusable and input.is_contiguous()
+
+        def emulated() -> Any:
+            full = input.view(-1) if reusable else input.detach().clone().reshape(-1)
+            return self._emulated_slice(full, output, rop, grp, async_op)
+
+        if self.gloo_fast(grp) or (_is_avg(rop) and "avg" in self._emulated):
+            return emulated()
         native_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
         def native() -> Any:
             # flat views: gloo checks dim 0 (output.shape[0] * world == input.shape[0]); the contract is numel
-            return native_fn(output.view(-1), input.contiguous().view(-1), op=rop, group=grp, async_op=async_op)
+            work = native_fn(output.view(-1), input.contiguous().view(-1), op=rop, group=grp, async_op=async_op)
+            return self._result(work, async_op)
 
-        def emulated() -> Any:
-            return self._emulated_slice(input.detach().clone().reshape(-1), output, rop, grp, async_op)
-
-        if _is_avg(rop) and "avg" in self._emulated:
-            return emulated()
         return self._native_or_emulated("reduce_scatter_tensor", native, emulated)
 
     def reduce_scatter(
@@ -282,7 +398,7 @@ class Comm:
         op: str | Any = "sum",
         group: Any = None,
         async_op: bool = False,
-    ) -> Any:
+    ) -> Work | None:
         """Reduce ``input_list[r]`` across ranks into ``output`` on rank ``r``.
 
         Shapes: ``len(input_list) == world_size``; every entry has ``output``'s shape and dtype.
@@ -291,7 +407,7 @@ class Comm:
             DistributedError: wrong list length or shapes.
         """
         grp = self._group(group)
-        world = dist.get_world_size(grp)
+        world = self.get_world_size(grp)
         if len(input_list) != world or any(t.shape != output.shape for t in input_list):
             raise DistributedError(
                 f"reduce_scatter: expected {world} input tensors of shape {tuple(output.shape)}, got "
@@ -300,9 +416,13 @@ class Comm:
         rop = reduce_op(op)
         if _is_avg(rop):
             self._require_floating(output, "reduce_scatter")
+        if world == 1:
+            output.copy_(input_list[0])
+            return _DONE if async_op else None
 
         def native() -> Any:
-            return dist.reduce_scatter(output, list(input_list), op=rop, group=grp, async_op=async_op)
+            work = dist.reduce_scatter(output, list(input_list), op=rop, group=grp, async_op=async_op)
+            return self._result(work, async_op)
 
         def emulated() -> Any:
             full = torch.cat([t.detach().reshape(-1) for t in input_list])
@@ -322,10 +442,11 @@ class Comm:
         def finish() -> None:
             piece = full[rank * n : (rank + 1) * n]
             if _is_avg(rop):
-                piece = piece / world
-            output.copy_(piece.view_as(output))
+                output.copy_((piece / world).view_as(output))
+            elif piece.data_ptr() != output.data_ptr():
+                output.copy_(piece.view_as(output))
 
-        return self._finish(work, async_op, finish)
+        return self._result(work, async_op, finish)
 
     def all_gather_into_tensor(
         self,
@@ -333,60 +454,171 @@ class Comm:
         input: torch.Tensor,  # noqa: A002 - torch.distributed's name
         group: Any = None,
         async_op: bool = False,
-    ) -> Any:
+    ) -> Work | None:
         """Concatenate every rank's ``input`` into ``output`` (rank order along the flattened storage).
 
         Shapes: ``output.numel() == world_size * input.numel()``, same dtype; ``output`` contiguous (any
-        shapes otherwise: the tensors are viewed flat).
+        shapes otherwise: the tensors are viewed flat). ``input`` may be this rank's chunk of ``output``.
+        On gloo: one broadcast per owner (module docstring).
 
         Raises:
             DistributedError: the sizes do not match, or ``output`` is not contiguous.
         """
         grp = self._group(group)
-        world = dist.get_world_size(grp)
+        world = self.get_world_size(grp)
         _require_contiguous(output, "all_gather_into_tensor")
         if output.numel() != world * input.numel():
             raise DistributedError(
                 f"all_gather_into_tensor: output has {output.numel()} elements, expected world_size ({world}) x "
                 f"input ({input.numel()}) = {world * input.numel()}"
             )
+        n = input.numel()
+        flat_out = output.view(-1)
+        if world == 1:
+            if flat_out.data_ptr() != input.data_ptr():
+                flat_out.copy_(input.reshape(-1))
+            return _DONE if async_op else None
+        if self.gloo_fast(grp):
+            rank = dist.get_rank(grp)
+            own = flat_out[rank * n : (rank + 1) * n]
+            if own.data_ptr() != input.data_ptr():
+                own.copy_(input.reshape(-1))
+            works = [
+                dist.broadcast(
+                    flat_out[q * n : (q + 1) * n],
+                    src=q if grp is None else dist.get_global_rank(grp, q),
+                    group=grp,
+                    async_op=async_op,
+                )
+                for q in range(world)
+            ]
+            return self._result(works, async_op)
+        src = input.contiguous().view(-1)
+        if src.data_ptr() == flat_out[dist.get_rank(grp) * n :].data_ptr():
+            src = src.clone()  # collectives may not read and write the same memory
         native_fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
         def native() -> Any:
-            return native_fn(output.view(-1), input.contiguous().view(-1), group=grp, async_op=async_op)
+            return self._result(native_fn(flat_out, src, group=grp, async_op=async_op), async_op)
 
         def emulated() -> Any:
-            views = [chunk.view_as(input) for chunk in output.view(-1).split(input.numel())]
-            return dist.all_gather(views, input, group=grp, async_op=async_op)
+            views = [chunk.view_as(src) for chunk in flat_out.split(n)]
+            return self._result(dist.all_gather(views, src, group=grp, async_op=async_op), async_op)
 
         return self._native_or_emulated("all_gather_into_tensor", native, emulated)
 
     def all_gather(
         self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
-    ) -> Any:
-        """``tensor_list[r]`` receives rank ``r``'s ``tensor`` (``len(tensor_list) == world_size``, equal shapes)."""
-        return dist.all_gather(tensor_list, tensor, group=self._group(group), async_op=async_op)
+    ) -> Work | None:
+        """``tensor_list[r]`` receives rank ``r``'s ``tensor`` (``len(tensor_list) == world_size``, equal shapes;
+        the outputs need not be contiguous with each other)."""
+        grp = self._group(group)
+        if self.get_world_size(grp) == 1:
+            if tensor_list[0].data_ptr() != tensor.data_ptr():
+                tensor_list[0].copy_(tensor)
+            return _DONE if async_op else None
+        return self._result(dist.all_gather(tensor_list, tensor, group=grp, async_op=async_op), async_op)
 
-    def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Any:
+    def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Work | None:
         """Copy global rank ``src``'s ``tensor`` into ``tensor`` on every rank (in place)."""
-        return dist.broadcast(tensor, src=int(src), group=self._group(group), async_op=async_op)
+        grp = self._group(group)
+        if self.get_world_size(grp) == 1:
+            return _DONE if async_op else None
+        return self._result(dist.broadcast(tensor, src=int(src), group=grp, async_op=async_op), async_op)
+
+    # ---------------------------------------------------------------- point-to-point
+    def send(self, tensor: torch.Tensor, dst: int, *, tag: int = 0, group: Any = None) -> None:
+        """Send ``tensor`` to global rank ``dst`` and return once it was handed over (blocking).
+
+        Point-to-point transfers (pipeline stages) go through the same Comm as the collectives, so a
+        backend or group choice applies to them too. ``tag`` pairs a send with its :meth:`recv`.
+        """
+        dist.send(tensor, int(dst), group=self._group(group), tag=int(tag))
+
+    def recv(self, tensor: torch.Tensor, src: int, *, tag: int = 0, group: Any = None) -> None:
+        """Receive into ``tensor`` (its shape and dtype must match the sender's) from global rank ``src``."""
+        dist.recv(tensor, int(src), group=self._group(group), tag=int(tag))
+
+    def isend(self, tensor: torch.Tensor, dst: int, *, tag: int = 0, group: Any = None) -> Work:
+        """Start sending ``tensor`` to global rank ``dst``; keep ``tensor`` alive and unchanged until the
+        returned :class:`Work` is waited on."""
+        return Work([dist.isend(tensor, int(dst), group=self._group(group), tag=int(tag))])
+
+    def irecv(self, tensor: torch.Tensor, src: int, *, tag: int = 0, group: Any = None) -> Work:
+        """Start receiving into ``tensor`` from global rank ``src``; its contents are valid after ``wait()``."""
+        return Work([dist.irecv(tensor, int(src), group=self._group(group), tag=int(tag))])
 
     def all_gather_object(self, obj: Any, group: Any = None) -> list[Any]:
-        """Every rank's picklable ``obj``, in rank order."""
+        """Every rank's picklable ``obj``, in rank order (``[obj]`` on one rank)."""
         grp = self._group(group)
-        out: list[Any] = [None] * dist.get_world_size(grp)
+        world = self.get_world_size(grp)
+        if world == 1:
+            return [obj]
+        out: list[Any] = [None] * world
         dist.all_gather_object(out, obj, group=grp)
         return out
 
     def broadcast_object(self, obj: Any, src: int = 0, group: Any = None) -> Any:
         """Global rank ``src``'s picklable ``obj`` on every rank."""
+        if self.get_world_size(self._group(group)) == 1:
+            return obj
         box = [obj]
         dist.broadcast_object_list(box, src=int(src), group=self._group(group))
         return box[0]
 
     def barrier(self, group: Any = None) -> None:
-        """Block until every rank of the group reaches the barrier."""
+        """Block until every rank of the group reaches the barrier (no-op on one rank)."""
+        if self.get_world_size(self._group(group)) == 1:
+            return
         dist.barrier(group=self._group(group))
+
+    def agree(
+        self,
+        error: BaseException | None,
+        what: str,
+        payload: Any = None,
+        *,
+        error_types: Sequence[type[DscoreError]] = (),
+        default_error: type[DscoreError] = DistributedError,
+    ) -> list[Any]:
+        """All-gather ``(outcome, payload)`` of a phase; raise the same error on every rank when any failed.
+
+        Args:
+            error: this rank's exception in the phase, or None.
+            what: the phase, for the message ("writing the checkpoint files").
+            payload: picklable data to share with the other ranks on success.
+            error_types: dscore error classes re-raised as themselves when a rank raised one (by class
+                name); any other failure becomes ``default_error``.
+            default_error: the class raised for other failures.
+
+        Returns:
+            every rank's ``payload`` in rank order.
+
+        Raises:
+            one of ``error_types`` or ``default_error``: one or more ranks failed; the message names each
+                failing rank and its error (the local exception is chained when this rank failed).
+        """
+        mine = (RankFailure(error) if error is not None else None, payload)
+        gathered = self.all_gather_object(mine)
+        failures = [(r, f) for r, (f, _) in enumerate(gathered) if f is not None]
+        if not failures:
+            return [p for _, p in gathered]
+        world = len(gathered)
+        if len(failures) == 1 or all(f.message == failures[0][1].message for _, f in failures):
+            r0, f0 = failures[0]
+            where = (
+                ""
+                if world == 1
+                else (f" (on rank {r0})" if len(failures) == 1 else f" (on ranks {[r for r, _ in failures]})")
+            )
+            message = f"{f0.message}{where}" if f0.own else f"{what} failed{where}: {f0.message}"
+        else:
+            message = f"{what} failed on {len(failures)} rank(s): " + "; ".join(
+                f"rank {r}: {f.message}" for r, f in failures
+            )
+        by_name = {cls.__name__: cls for cls in error_types}
+        cls = by_name.get(failures[0][1].type_name, default_error)
+        raise cls(message) from error
 
     def destroy(self) -> bool:
         """Destroy the default process group if dscore created it and this facade is bound to it.

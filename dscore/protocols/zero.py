@@ -10,6 +10,11 @@ data parallelism), so the engine has exactly one code path.
 The stage receives the selected :class:`~dscore.protocols.precision.PrecisionMode` and its loss scaler
 in its :class:`ZeroStageContext` and reports overflows to the scaler.
 
+A stage implementation is registered by a :class:`dscore.specs.ZeroStageSpec` (``stage``: the ZeRO level
+it implements; ``name``: what ``zero_optimization.implementation`` selects; ``default``: whether it is
+the implementation of its level when none is named). Building blocks for writing one (the bucketed
+gradient reducer, partition layout, optimizer over partitions, clipping) are public in :mod:`dscore.zero`.
+
 Mirrors DeepSpeed's split between ``DeepSpeedEngine`` and its ``DeepSpeedZeroOptimizer`` /
 ``DeepSpeedZeroOptimizer_Stage3`` / ``FP16_Optimizer`` wrappers (``deepspeed/runtime/engine.py``).
 """
@@ -19,19 +24,31 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from dscore.protocols.precision import LossScaler, PrecisionMode
 
 if TYPE_CHECKING:
     import torch
 
+    from dscore.accelerator import Accelerator
+    from dscore.comm import Comm
+    from dscore.config.base import SectionModel
+    from dscore.config.model import DscoreConfig
+    from dscore.runtime.runtime import Runtime
+
 __all__ = ["StepOutcome", "ZeroStage", "ZeroStageContext"]
+
+#: the validated ``zero_optimization`` model a stage reads (the built-in stages: ``ZeroConfig``)
+SectionT = TypeVar("SectionT", bound="SectionModel")
 
 
 @dataclass
-class ZeroStageContext:
-    """Everything a ZeRO stage needs from the engine, built once per engine.
+class ZeroStageContext(Generic[SectionT]):
+    """Everything a ZeRO stage needs from the engine, built once per engine (``cls(ctx)``).
+
+    Generic over the section model: a stage annotates ``ctx: ZeroStageContext[ZeroConfig]`` to have
+    ``ctx.section`` typed.
 
     Attributes:
         module: the user's model, already on the accelerator device and cast by the precision mode.
@@ -45,9 +62,15 @@ class ZeroStageContext:
             or None. The stage steps this very object (re-pointing its groups at partitions).
         optimizer_factory: ``factory(param_groups) -> torch.optim.Optimizer`` built from the config's
             ``optimizer`` block (or the user's optimizer callable), or None when there is no optimizer.
-        config: the validated :class:`dscore.config.DscoreConfig`.
-        comm: the runtime's collective facade (:class:`dscore.comm.Comm`).
-        accelerator: the runtime's accelerator.
+        config: the validated :class:`dscore.config.DscoreConfig` (top-level keys such as
+            ``gradient_clipping``, ``gradient_allreduce_op``, ``prescale_gradients``).
+        section: the validated ``zero_optimization`` model (``config.section("zero_optimization")``):
+            every ZeRO key with its default already applied (``reduce_bucket_size``, ``overlap_comm``,
+            ``offload_optimizer``, ...).
+        runtime: the :class:`dscore.runtime.runtime.Runtime` of this engine (accelerator, registry, op
+            builders).
+        comm: the :class:`dscore.comm.Comm` of the group gradients are reduced over (``runtime.comm``
+            for the standard engine; a data-parallel sub-group's ``Comm`` inside a pipeline stage).
         precision: the selected precision mode.
         loss_scaler: the engine's loss scaler (None unless fp16).
     """
@@ -56,11 +79,17 @@ class ZeroStageContext:
     param_groups: list[dict[str, Any]]
     client_optimizer: torch.optim.Optimizer | None
     optimizer_factory: Callable[[list[dict[str, Any]]], torch.optim.Optimizer] | None
-    config: Any
-    comm: Any
-    accelerator: Any
+    config: DscoreConfig
+    section: SectionT
+    runtime: Runtime
+    comm: Comm
     precision: PrecisionMode
     loss_scaler: LossScaler | None
+
+    @property
+    def accelerator(self) -> Accelerator:
+        """``runtime.accelerator`` (device placement, pinned host memory, streams)."""
+        return self.runtime.accelerator
 
 
 @dataclass(frozen=True)
@@ -93,9 +122,11 @@ class ZeroStage(abc.ABC):
     by parameter name, so a checkpoint saved with N ranks loads with M.
     """
 
+    #: the ZeRO level (0-3) this implementation provides: what the engine's checks and the checkpoint
+    #: layout assume (a third-party stage-2 variant says 2).
     stage: ClassVar[int]
 
-    def __init__(self, ctx: ZeroStageContext) -> None:
+    def __init__(self, ctx: ZeroStageContext[Any]) -> None:
         self.ctx = ctx
 
     @property
@@ -157,10 +188,26 @@ class ZeroStage(abc.ABC):
         """The full module state dict (stage 3 gathers partitioned parameters; other stages return the
         module's own). Called on every rank (it may run collectives)."""
 
+    @abc.abstractmethod
     def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
-        """Load full parameters into the module (stage 3 re-partitions). Default: ``module.load_state_dict``."""
-        self.ctx.module.load_state_dict(state, strict=strict)
+        """Load full parameters (``{name: full tensor}``, as :meth:`module_state_dict` returns) into the stage.
+
+        Used by ``engine.load_checkpoint(..., load_module_only=True)`` and by weights-only loads. Besides
+        ``module.load_state_dict``, every copy of the weights the stage keeps must be refreshed, or the next
+        ``step`` silently continues from the old weights: stages 1/2 (and stage 0 with fp16/bf16) copy the
+        loaded values into their fp32 master partitions, stage 3 re-partitions. Abstract on purpose: there
+        is no default that is right for every stage (a stage with no separate copy still writes the one line).
+
+        Args:
+            state: full tensors keyed by parameter/buffer name, any device and dtype.
+            strict: as ``torch.nn.Module.load_state_dict``: missing or unexpected keys raise.
+        """
 
     @abc.abstractmethod
     def partition_bytes(self) -> dict[str, int]:
         """Bytes held by this rank: ``{"optimizer_state": ..., "parameters": ..., "gradients": ...}``."""
+
+    def close(self) -> None:
+        """Release what the stage created outside its tensors (NVMe swap files, I/O threads); run by
+        ``engine.close()``, idempotent. Default: the stage holds nothing of the kind."""
+        return None

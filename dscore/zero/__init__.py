@@ -1,12 +1,65 @@
-"""User-facing ZeRO helpers: ``dscore.zero.Init`` and ``dscore.zero.GatheredParameters``.
+"""ZeRO, public side: the user-facing helpers and the building blocks of a ZeRO stage plugin.
 
-``import dscore; dscore.zero.Init`` loads this package lazily (it imports torch). The storage model
-shared with the stage-3 plugin lives in :mod:`dscore.zero.partition`.
+User-facing: ``dscore.zero.Init`` (modules born partitioned) and ``dscore.zero.GatheredParameters``.
+For stage authors (built-in and third-party, see CONTRIBUTING.md "Write a ZeRO stage"):
+
+* :mod:`dscore.zero.reducer`: :class:`GradientReducer` / :class:`ReduceBucket`, the bucketed,
+  hook-driven, asynchronous gradient reducer every stage uses;
+* :mod:`dscore.zero.layout`: the partition layout (:class:`Segment`, :class:`GroupLayout`) and
+  world-size-independent optimizer state (:func:`optimizer_state_dict`, :func:`load_optimizer_state`);
+* :mod:`dscore.zero.optimizer`: the optimizer over flat partitions (:func:`build_optimizer`) and the
+  global-norm unscale/clip (:func:`unscale_clip`);
+* :mod:`dscore.zero.partition`: :class:`FlatUnit`, the storage model of stage 3.
+
+``import dscore; dscore.zero.Init`` loads this package lazily (it imports torch).
 """
 
 from __future__ import annotations
 
 from dscore.zero.init import GatheredParameters, Init
+from dscore.zero.layout import (
+    GroupLayout,
+    Segment,
+    gather_by_name,
+    load_optimizer_state,
+    load_partitioned_state,
+    optimizer_state_dict,
+    partitioned_state_dict,
+    scatter_by_name,
+)
+from dscore.zero.optimizer import (
+    build_optimizer,
+    check_client_groups,
+    optimizer_state_bytes,
+    refuse_self_communicating,
+    unique_trainable,
+    unscale_clip,
+    unscale_clip_for_step,
+)
 from dscore.zero.partition import FlatUnit, is_partitioned, unit_of
+from dscore.zero.reducer import GradientReducer, ReduceBucket
 
-__all__ = ["Init", "GatheredParameters", "FlatUnit", "is_partitioned", "unit_of"]
+__all__ = [
+    "FlatUnit",
+    "GatheredParameters",
+    "GradientReducer",
+    "GroupLayout",
+    "Init",
+    "ReduceBucket",
+    "Segment",
+    "build_optimizer",
+    "check_client_groups",
+    "gather_by_name",
+    "is_partitioned",
+    "load_optimizer_state",
+    "load_partitioned_state",
+    "optimizer_state_bytes",
+    "optimizer_state_dict",
+    "partitioned_state_dict",
+    "refuse_self_communicating",
+    "scatter_by_name",
+    "unique_trainable",
+    "unit_of",
+    "unscale_clip",
+    "unscale_clip_for_step",
+]

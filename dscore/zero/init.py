@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from dscore.zero._comm import Collectives
+from dscore.comm import Comm
 from dscore.zero.partition import FlatUnit, unit_of
 
 __all__ = ["Init", "GatheredParameters"]
@@ -35,10 +35,11 @@ _DEPTH_ATTR = "_dscore_init_depth"
 
 def _all_subclasses(cls: type) -> set[type]:
     out: set[type] = set()
-    stack = [cls]
+    stack: list[type] = [cls]
     while stack:
         c = stack.pop()
-        for sub in c.__subclasses__():
+        subclasses: list[type] = c.__subclasses__()
+        for sub in subclasses:
             if sub not in out:
                 out.add(sub)
                 stack.append(sub)
@@ -75,7 +76,7 @@ class Init:
         self,
         module: torch.nn.Module | None = None,
         *,
-        comm: Any = None,
+        comm: Comm | None = None,
         group: Any = None,
         dtype: torch.dtype | None = None,
         device: torch.device | str | None = None,
@@ -89,25 +90,28 @@ class Init:
         self._group = group
         self._patched: list[tuple[type, Any]] = []
         self._orig_init_subclass: Any = None
-        self.coll: Collectives | None = None
+        self.comm: Comm | None = None
         if module is not None and enabled:
-            self.coll = self._collectives()
+            self.comm = self._collectives()
             for m in module.modules():
                 self._partition_module(m)
 
-    def _collectives(self) -> Collectives:
+    def _collectives(self) -> Comm:
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             raise RuntimeError(
                 "dscore.zero.Init needs torch.distributed to be initialised: call dscore.init_distributed() "
                 "(or torch.distributed.init_process_group) before entering it, or pass enabled=False"
             )
-        return Collectives(self._comm, self._group)
+        base = self._comm if isinstance(self._comm, Comm) else Comm(None, backend=str(torch.distributed.get_backend()))
+        if self._group is not None:
+            return base.bound_to(self._group)
+        return base
 
     # ------------------------------------------------------------------ patching
     def __enter__(self) -> Init:
         if not self.enabled:
             return self
-        self.coll = self._collectives()
+        self.comm = self._collectives()
         for cls in [torch.nn.Module, *_all_subclasses(torch.nn.Module)]:
             self._wrap(cls)
         ctx = self
@@ -158,7 +162,7 @@ class Init:
     # ------------------------------------------------------------------ partitioning
     @torch.no_grad()
     def _partition_module(self, module: torch.nn.Module) -> None:
-        assert self.coll is not None
+        assert self.comm is not None
         params = [p for p in module.parameters(recurse=False) if unit_of(p) is None]
         if not params:
             return
@@ -171,11 +175,11 @@ class Init:
         dtype = self.dtype or params[0].dtype
         device = self.device or params[0].device
         values = [p.detach().to(device=device, dtype=dtype) for p in params]
-        unit = FlatUnit(params, self.coll, dtype=dtype, device=device, name=type(module).__name__)
+        unit = FlatUnit(params, self.comm, dtype=dtype, device=device, name=type(module).__name__)
         unit.load_full(values)
         del values
         # every rank keeps rank 0's initialisation
-        self.coll.broadcast(unit.full, 0)
+        self.comm.broadcast(unit.full, self.comm.global_rank(0))
         unit.partition.copy_(unit.own_slice())
         unit.release()
         log.debug("zero.Init partitioned %s: %d elements, %d per rank", type(module).__name__, unit.numel, unit.chunk)
@@ -230,7 +234,7 @@ class GatheredParameters:
         if self.units:  # nothing partitioned: no collective, so no arrival check either
             from dscore.comm.guard import ensure_all_arrived
 
-            ensure_all_arrived("GatheredParameters", group=self.units[0].coll.group)
+            ensure_all_arrived("GatheredParameters", group=self.units[0].comm.group)
         self._was_gathered = [u.gathered for u in self.units]
         for u in self.units:
             u.gather(async_op=True)
@@ -243,7 +247,7 @@ class GatheredParameters:
             return
         if self.modifier_rank is not None and exc_type is None:
             for u in self.units:
-                u.coll.broadcast(u.full, self.modifier_rank)
+                u.comm.broadcast(u.full, u.comm.global_rank(self.modifier_rank))
                 u.write_back()
         elif exc_type is None:
             # read-only: units that stay gathered get the partitions' values back, so an in-place edit on

@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from dscore.zero._comm import Collectives, Handle
+from dscore.comm import Comm, Work
+from dscore.zero.layout import packed_offsets
 
 __all__ = ["FlatUnit", "unit_of", "is_partitioned"]
 
@@ -46,7 +47,7 @@ class FlatUnit:
         params: the parameters (any shapes; their current values are *not* read here, see
             :meth:`load_full`). Each gets attributes ``ds_shape`` (torch.Size), ``ds_numel`` (int) and a
             back-reference used by :func:`unit_of`.
-        coll: the data-parallel collectives.
+        comm: the data-parallel group's :class:`dscore.comm.Comm` (rank and world size are read once).
         dtype: dtype of ``full`` and the partition (the compute dtype).
         device: device of ``full`` and the partition.
         partition: optional 1-D tensor of ``chunk`` elements to use as this rank's partition storage (a
@@ -61,12 +62,15 @@ class FlatUnit:
         gathered: True while ``full`` holds real storage (possibly with a gather still in flight).
         persistent: when True, training code never releases the unit.
         on_modified: callbacks run after :meth:`write_back` (e.g. to refresh fp32 master weights).
+        partition_source: None, or a callback run before the partition is read or written (gather,
+            refresh, write-back) that makes ``partition`` hold this rank's values (NVMe parameter offload
+            keeps it in a swap file otherwise).
     """
 
     def __init__(
         self,
         params: Iterable[torch.nn.Parameter],
-        coll: Collectives,
+        comm: Comm,
         *,
         dtype: torch.dtype,
         device: torch.device,
@@ -74,20 +78,17 @@ class FlatUnit:
         name: str = "",
     ) -> None:
         self.params = list(params)
-        self.coll = coll
+        self.comm = comm
+        self.rank = comm.rank
+        self.world = comm.world_size
         self.name = name
         self.dtype = dtype
         self.device = torch.device(device)
         self.shapes = [torch.Size(p.ds_shape) if hasattr(p, "ds_shape") else p.shape for p in self.params]
         self.numels = [int(math.prod(s)) for s in self.shapes]
-        self.offsets: list[int] = []
-        off = 0
-        for n in self.numels:
-            self.offsets.append(off)
-            off += n
-        self.numel = off
-        self.chunk = max(1, math.ceil(self.numel / coll.world))
-        self.padded = self.chunk * coll.world
+        self.offsets, self.numel = packed_offsets(self.numels)
+        self.chunk = max(1, math.ceil(self.numel / self.world))
+        self.padded = self.chunk * self.world
         self.full = torch.zeros(self.padded, dtype=dtype, device=self.device)
         if partition is None:
             partition = torch.zeros(self.chunk, dtype=dtype, device=self.device)
@@ -100,7 +101,8 @@ class FlatUnit:
         self.gathered = True
         self.persistent = False
         self.on_modified: list[Callable[[FlatUnit], None]] = []
-        self._handle: Handle | None = None
+        self.partition_source: Callable[[FlatUnit], None] | None = None
+        self._handle: Work | None = None
         self.bind_views()
 
     # ------------------------------------------------------------------ layout
@@ -114,7 +116,7 @@ class FlatUnit:
 
     def own_slice(self) -> torch.Tensor:
         """This rank's chunk of ``full`` (a view; valid only while gathered)."""
-        r = self.coll.rank
+        r = self.rank
         return self.full[r * self.chunk : (r + 1) * self.chunk]
 
     def load_full(self, values: list[torch.Tensor]) -> None:
@@ -148,10 +150,12 @@ class FlatUnit:
             self.wait()
 
     def _launch(self, async_op: bool) -> None:
+        if self.partition_source is not None:
+            self.partition_source(self)
         src = self.partition
         if src.device != self.full.device:  # parameter offload: partition lives on the host
             src = src.to(self.full.device, non_blocking=True)
-        self._handle = self.coll.all_gather(self.full, src, async_op=async_op)
+        self._handle = self.comm.all_gather_into_tensor(self.full, src, async_op=True)
 
     def refresh(self, *, async_op: bool = False) -> None:
         """Re-gather a gathered unit after its partition changed (e.g. after an optimizer step)."""
@@ -180,6 +184,8 @@ class FlatUnit:
         """Copy this rank's chunk of the (gathered, possibly modified) full buffer into the partition and
         run :attr:`on_modified` callbacks."""
         self.wait()
+        if self.partition_source is not None:
+            self.partition_source(self)
         with torch.no_grad():
             self.partition.copy_(self.own_slice())
         for cb in self.on_modified:

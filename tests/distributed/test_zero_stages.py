@@ -82,36 +82,48 @@ def reference(steps: int = STEPS) -> tuple[dict[str, torch.Tensor], list[float]]
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, norms
 
 
-def zero_config(stage: int, **overrides: Any) -> SimpleNamespace:
-    """Stand-in for the validated config (DeepSpeed attribute names) when the real model is absent."""
-    zc = dict(
+def zero_config(stage: int, **overrides: Any) -> Any:
+    """The validated config (real models: defaults are the models' own) with this test's ZeRO knobs."""
+    from dscore.config.load import load_config
+
+    zc: dict[str, Any] = dict(
         stage=stage,
         reduce_bucket_size=60,  # elements: several buckets even on this tiny model
         allgather_bucket_size=50,
         overlap_comm=True,
-        contiguous_gradients=True,
-        reduce_scatter=True,
-        allgather_partitions=True,
-        round_robin_gradients=False,
-        offload_optimizer=None,
-        offload_param=None,
         prefetch_bucket_size=200,
         param_persistence_threshold=0,
-        max_live_parameters=1_000_000_000,
-        max_reuse_distance=1_000_000_000,
-        gather_16bit_weights_on_model_save=False,
-        sub_group_size=1_000_000_000,
     )
     force = overrides.pop("zero_force_ds_cpu_optimizer", True)
     for k, v in overrides.items():
         if k in ("offload_optimizer", "offload_param") and v is not None:
-            v = SimpleNamespace(device=v, pin_memory=True)
+            v = {"device": v, "pin_memory": True}
         zc[k] = v
-    return SimpleNamespace(
-        gradient_clipping=CLIP,
-        zero_force_ds_cpu_optimizer=force,
-        zero_optimization=SimpleNamespace(**zc),
-        bf16=SimpleNamespace(enabled=True, check_grad_overflow=True),
+    return load_config(
+        {
+            "train_batch_size": WORLD * MICRO * GAS,
+            "train_micro_batch_size_per_gpu": MICRO,
+            "gradient_clipping": CLIP,
+            "zero_force_ds_cpu_optimizer": force,
+            "zero_optimization": zc,
+        },
+        world_size=WORLD,
+    )
+
+
+def zero_context(config: Any, **fields: Any) -> Any:
+    """A :class:`ZeroStageContext` as ``dscore.initialize`` builds it, over the default group."""
+    from dscore.comm import Comm
+    from dscore.protocols.zero import ZeroStageContext
+    from dscore_accelerators.cpu.accelerator import CpuAccelerator
+
+    return ZeroStageContext(
+        config=config,
+        section=config.section("zero_optimization"),
+        runtime=SimpleNamespace(accelerator=CpuAccelerator()),
+        comm=Comm(None, backend="gloo"),
+        loss_scaler=None,
+        **fields,
     )
 
 
@@ -121,31 +133,27 @@ def stage_class(stage: int) -> type:
     return resolve(f"dscore_plugins.zero.stage{stage}:Stage{stage}")
 
 
-def precision_mode(name: str, config: Any) -> Any:
+def precision_mode(name: str, config: Any = None) -> Any:
+    from dscore_plugins.precision.config import Bf16Config
     from dscore_plugins.precision.precision import Bf16Mode, Fp32Mode
 
-    return Bf16Mode(config) if name == "bf16" else Fp32Mode(config)
+    return Bf16Mode(Bf16Config(enabled=True, check_grad_overflow=True)) if name == "bf16" else Fp32Mode()
 
 
 def build(stage: int, precision: str = "fp32", *, client: bool = False, **overrides: Any) -> tuple[Any, nn.Module]:
-    from dscore.protocols.zero import ZeroStageContext
-
     config = zero_config(stage, **overrides)
     mode = precision_mode(precision, config)
     model = make_model()
     mode.prepare_module(model)
     groups = param_groups(model)
     client_opt = torch.optim.AdamW(groups, lr=LR) if client else None
-    ctx = ZeroStageContext(
+    ctx = zero_context(
+        config,
         module=model,
         param_groups=groups,
         client_optimizer=client_opt,
         optimizer_factory=None if client else (lambda gs: torch.optim.AdamW(gs, lr=LR)),
-        config=config,
-        comm=None,
-        accelerator=None,
         precision=mode,
-        loss_scaler=None,
     )
     return stage_class(stage)(ctx), model
 
@@ -266,17 +274,14 @@ class Wide(nn.Module):
 
 
 def _partition_bytes(stage: int, offload: bool) -> dict[str, Any]:
-    from dscore.protocols.zero import ZeroStageContext
-
     torch.manual_seed(0)
     model = Wide()
     full_param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     config = zero_config(stage, param_persistence_threshold=0, reduce_bucket_size=50_000,
                          offload_optimizer="cpu" if offload else None)
-    ctx = ZeroStageContext(
-        module=model, param_groups=[{"params": list(model.parameters())}], client_optimizer=None,
-        optimizer_factory=lambda gs: torch.optim.AdamW(gs, lr=1e-3), config=config, comm=None,
-        accelerator=None, precision=precision_mode("fp32", config), loss_scaler=None,
+    ctx = zero_context(
+        config, module=model, param_groups=[{"params": list(model.parameters())}], client_optimizer=None,
+        optimizer_factory=lambda gs: torch.optim.AdamW(gs, lr=1e-3), precision=precision_mode("fp32", config),
     )
     zs = stage_class(stage)(ctx)
     for _ in range(2):
@@ -318,7 +323,6 @@ def test_partition_bytes_are_one_over_n_within_one_percent() -> None:
 # ---------------------------------------------------------------------- zero.Init, GatheredParameters
 def _init_and_gathered() -> dict[str, Any]:
     import dscore
-    from dscore.protocols.zero import ZeroStageContext
     from dscore.zero import is_partitioned
 
     torch.manual_seed(1234 + __import__("torch.distributed").distributed.get_rank())  # ranks differ on purpose
@@ -339,10 +343,9 @@ def _init_and_gathered() -> dict[str, Any]:
         out["a_weight"] = model.a.weight.detach().clone().numpy()
     # stage 3 over the Init-built model, trained against the reference built from the same weights
     config = zero_config(3)
-    ctx = ZeroStageContext(
-        module=model, param_groups=param_groups(model), client_optimizer=None,
-        optimizer_factory=lambda gs: torch.optim.AdamW(gs, lr=LR), config=config, comm=None,
-        accelerator=None, precision=precision_mode("fp32", config), loss_scaler=None,
+    ctx = zero_context(
+        config, module=model, param_groups=param_groups(model), client_optimizer=None,
+        optimizer_factory=lambda gs: torch.optim.AdamW(gs, lr=LR), precision=precision_mode("fp32", config),
     )
     zs = stage_class(3)(ctx)
     out["start"] = {k: v.numpy() for k, v in zs.module_state_dict().items()}

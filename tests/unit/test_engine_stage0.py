@@ -12,8 +12,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dscore.runtime.dataloader import DscoreDataLoader
+from dscore.comm import Comm
+from dscore.config.load import load_config
 from dscore.protocols.zero import ZeroStageContext
+from dscore.runtime.dataloader import DscoreDataLoader
+from dscore_plugins.precision.config import Bf16Config
 from dscore_plugins.precision.precision import Bf16Mode, Fp32Mode
 from dscore_plugins.zero.stage0 import Stage0
 
@@ -31,6 +34,17 @@ class FakeComm:
     def get_rank(self) -> int:
         return 0
 
+    @property
+    def rank(self) -> int:
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        return self.world
+
+    def gloo_fast(self) -> bool:
+        return False
+
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
         assert op == "sum"
         self.calls.append(tensor.numel())
@@ -39,26 +53,27 @@ class FakeComm:
 
 
 def _config(**kw):
-    zero = SimpleNamespace(reduce_bucket_size=kw.pop("bucket", 500_000_000))
-    base = dict(
-        gradient_clipping=0.0,
-        gradient_allreduce_op="mean",
-        gradient_predivide_factor=1.0,
-        prescale_gradients=False,
-    )
+    """A validated config (the real models, so defaults are the models' own)."""
+    base = {
+        "train_batch_size": 1,
+        "gradient_clipping": 0.0,
+        "zero_optimization": {"stage": 0, "reduce_bucket_size": kw.pop("bucket", 500_000_000)},
+    }
     base.update(kw)
-    return SimpleNamespace(**base, section=lambda key: zero if key == "zero_optimization" else None)
+    return load_config(base)
 
 
 def _stage(model, *, comm=None, precision=None, **cfg):
+    config = _config(**cfg)
     ctx = ZeroStageContext(
         module=model,
         param_groups=[{"params": [p for p in model.parameters() if p.requires_grad]}],
         client_optimizer=None,
         optimizer_factory=lambda groups: torch.optim.SGD(groups, lr=1.0),
-        config=_config(**cfg),
-        comm=comm,
-        accelerator=None,
+        config=config,
+        section=config.section("zero_optimization"),
+        runtime=SimpleNamespace(accelerator=None),
+        comm=comm if comm is not None else Comm(None),
         precision=precision or Fp32Mode(),
         loss_scaler=None,
     )
@@ -125,7 +140,7 @@ def test_no_reduction_off_boundary_or_without_sync_then_step_reduces() -> None:
 
 def test_bf16_master_weights_are_fp32_and_copied_back() -> None:
     model = _model().to(torch.bfloat16)
-    stage = _stage(model, precision=Bf16Mode({"bf16": {"enabled": True}}), gradient_clipping=0.0)
+    stage = _stage(model, precision=Bf16Mode(Bf16Config(enabled=True)), gradient_clipping=0.0)
     masters = [p for g in stage.optimizer.param_groups for p in g["params"]]
     assert all(m.dtype == torch.float32 for m in masters)
     before = [m.detach().clone() for m in masters]
@@ -138,7 +153,7 @@ def test_bf16_master_weights_are_fp32_and_copied_back() -> None:
 
 def test_bf16_nonfinite_gradient_skips_the_step() -> None:
     model = _model().to(torch.bfloat16)
-    stage = _stage(model, precision=Bf16Mode({"bf16": {"enabled": True, "check_grad_overflow": True}}))
+    stage = _stage(model, precision=Bf16Mode(Bf16Config(enabled=True, check_grad_overflow=True)))
     before = [p.detach().clone() for p in model.parameters()]
     stage.backward(model(torch.randn(3, 5, dtype=torch.bfloat16)).float().sum() * float("inf"), boundary=True)
     outcome = stage.step()

@@ -38,7 +38,8 @@ class _Offload(SectionModel):
     device: OffloadDevice = "none"
     """Where to offload: ``"none"``, ``"cpu"`` or ``"nvme"`` (case-insensitive)."""
     nvme_path: str | None = None
-    """Directory on an NVMe device; required with ``device: "nvme"``."""
+    """Directory on an NVMe device; required with ``device: "nvme"`` (created if missing; swap files go
+    to a per-run subfolder ``dscore-swap-<run id>/rank<N>`` removed at ``engine.close()`` and exit)."""
     pin_memory: bool = True
     """Use page-locked CPU memory (default true since DeepSpeed 0.19)."""
 
@@ -111,6 +112,10 @@ class ZeroConfig(SectionModel):
 
     stage: ZeroStageNumber = 0
     """0: plain data parallelism; 1: partition optimizer state; 2: also gradients; 3: also parameters."""
+    implementation: str | None = None
+    """dscore: the name of the registered ZeRO stage implementation to use for ``stage`` (``dscore plugins
+    list --kind zero_stage``); unset uses the default one (``stage0`` ... ``stage3``). Checked when the
+    engine is built: an unknown name lists the installed ones with close matches."""
     contiguous_gradients: bool = True
     """Copy gradients into one contiguous buffer as they are produced (less fragmentation)."""
     reduce_scatter: bool = True
@@ -136,7 +141,8 @@ class ZeroConfig(SectionModel):
     offload_optimizer: OffloadOptimizerConfig | None = None
     """Optimizer-state offload (stages 1-3), or ``None``."""
     sub_group_size: PositiveInt = 1_000_000_000
-    """Elements per optimizer step sub-group (stage 3)."""
+    """Elements per optimizer step sub-group: with ``offload_optimizer.device: "nvme"`` (stages 1-3) the
+    unit swapped in, stepped and swapped out (rounded up to a multiple of 16384)."""
     prefetch_bucket_size: NonNegativeInt | Literal["auto"] = Field(50_000_000, alias="stage3_prefetch_bucket_size")
     """Elements prefetched ahead of use (stage 3; ``"auto"`` = int(0.9 * hidden_size**2))."""
     param_persistence_threshold: NonNegativeInt | Literal["auto"] = Field(
@@ -187,6 +193,17 @@ class ZeroConfig(SectionModel):
     """Keep Muon's momentum buffer in memory when saving."""
     leaf_module: LeafModuleConfig = Field(default_factory=LeafModuleConfig)
     """Modules ZeRO-3 treats as leaves."""
+
+    def elements(self, name: str) -> int:
+        """An element-count field (``reduce_bucket_size``, ``prefetch_bucket_size``,
+        ``param_persistence_threshold``) as an int: this model's default while ``"auto"`` is unresolved
+        because the model's hidden size is unknown."""
+        value = getattr(self, name)
+        if isinstance(value, int):
+            return value
+        default = type(self).model_fields[name].default
+        assert isinstance(default, int), name
+        return default
 
     @model_validator(mode="after")
     def _resolve(self) -> ZeroConfig:

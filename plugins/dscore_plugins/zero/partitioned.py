@@ -32,14 +32,19 @@ different orders or some parameters get none), asynchronously from gradient hook
 with one scalar all-reduce) are one multiply of each fp32 partition; the optimizer steps the partitions
 (on CPU with ``offload_optimizer.device: cpu``); each bucket's updated chunks are all-gathered straight
 into the flat parameter buffer (``allgather_partitions``; in pieces of ``allgather_bucket_size``
-elements; broadcasts from each owner when ``allgather_partitions: false``). Under ``overlap_comm`` that
-gather is not waited for in ``step``: each module's forward pre-hook waits only for the buckets holding
-its own parameters, so the gather overlaps the next forward (checkpoint and load paths wait for all).
+elements; broadcasts from each owner when ``allgather_partitions: false``). Every bucket's gather is
+launched asynchronously and all are waited for before ``step`` returns, so the parameters are current
+whenever user code can see them (``engine.module.state_dict()`` or the tensors right after ``step``), as
+in DeepSpeed; deferring the wait to the next forward's pre-hooks would leave them stale until then.
 Under fp32 without offload the optimizer steps this rank's chunk of the parameter buffer in place (and
 in stage 1 reads the reduced gradient from this rank's chunk of the gradient buffer): no fp32 copies.
 
-On gloo the collectives adapter (:mod:`dscore.zero._comm`) runs reduce-scatter as an in-place
-all-reduce and all-gather as one broadcast per owner, both exact and measured faster there.
+Reduction runs on the shared :class:`dscore.zero.reducer.GradientReducer` (this module only decides
+the buckets and where each reduced chunk goes); every collective goes through :class:`dscore.comm.Comm`,
+which on gloo runs reduce-scatter as an in-place all-reduce and all-gather as one broadcast per owner,
+both exact and measured faster there. With ``offload_optimizer.device: cpu`` the optimizer step is
+:func:`dscore_plugins.zero.offload.step_offloaded`; with ``nvme`` the masters and state live in swap
+files between steps (:mod:`.nvme_optimizer`) and the step writes this rank's chunk of the parameter buffer.
 """
 
 from __future__ import annotations
@@ -50,78 +55,43 @@ from typing import Any
 
 import torch
 
+from dscore.comm import Work
 from dscore.errors import ConfigError
-from dscore.runtime.timers import active_timers
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
-from dscore.zero._comm import Collectives, Handle
-from dscore_plugins.zero._common import (
-    GroupLayout,
-    Segment,
-    build_optimizer,
-    check_client_optimizer_for_offload,
-    host_tensor,
-    load_optimizer_state,
-    offload_device,
-    offload_pin,
-    optimizer_state_dict,
-    scatter_by_name,
-    unique_trainable,
-    unscale_clip,
-    zero_section,
-    zget,
-)
+from dscore.runtime.timers import active_timers
+from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
+from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
+from dscore.zero.reducer import GradientReducer, ReduceBucket
+from dscore_plugins.zero.config import ZeroConfig
+from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
+from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
+from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin
+from dscore_plugins.zero.step import step_partitions
 
 __all__ = ["PartitionedOptimizerStage"]
 
 log = logging.getLogger("dscore.zero")
 
-_DEFAULT_BUCKET = 500_000_000
 _MAX_INFLIGHT = 2
 
 
-class _Bucket:
-    """One reduce bucket: a slice of its group's flat parameter buffer (and gradient buffer in stage 1).
+class PartitionBucket(ReduceBucket):
+    """A reduce bucket of stages 1/2 plus where its parameters and this rank's fp32 chunks live.
 
-    Attributes:
-        index: global bucket index (launch order).
+    Attributes (beyond :class:`dscore.zero.reducer.ReduceBucket`):
         group: optimizer group index.
-        params: parameters in layout order.
-        offsets, numels: positions inside the padded bucket (elements).
-        chunk: elements per rank; ``padded = chunk * world``.
         data: view of the flat parameter buffer (``padded`` elements, compute dtype).
-        grad: view of the flat gradient buffer (stage 1 with contiguous gradients) or None.
         master: this rank's fp32 master chunk (view of the group's master partition).
-        master_grad: this rank's fp32 gradient chunk (view of the group's gradient partition).
+        master_grad: this rank's fp32 gradient chunk (the reducer's ``target``).
     """
 
-    __slots__ = (
-        "index", "group", "params", "offsets", "numels", "chunk", "padded", "data", "grad", "master",
-        "master_grad", "ready", "expected", "staging", "handle", "out", "launched", "got",
-    )
-
     def __init__(self, index: int, group: int, params: list[torch.nn.Parameter], world: int) -> None:
+        super().__init__(params, pad_to=world)
         self.index = index
         self.group = group
-        self.params = params
-        self.numels = [p.numel() for p in params]
-        self.offsets = []
-        off = 0
-        for n in self.numels:
-            self.offsets.append(off)
-            off += n
-        self.chunk = max(1, -(-off // world))
-        self.padded = self.chunk * world
         self.data: torch.Tensor
-        self.grad: torch.Tensor | None = None
         self.master: torch.Tensor
         self.master_grad: torch.Tensor
-        self.ready = 0
-        self.expected = len(params)
-        self.staging: torch.Tensor | None = None
-        self.handle: Handle | None = None
-        self.out: torch.Tensor | None = None
-        self.launched = False
-        self.got: list[bool] = [False] * len(params)
 
 
 class PartitionedOptimizerStage(ZeroStage):
@@ -130,72 +100,69 @@ class PartitionedOptimizerStage(ZeroStage):
     Args:
         ctx: the engine's context. Reads ``zero_optimization.{reduce_bucket_size, allgather_bucket_size,
             overlap_comm, contiguous_gradients, reduce_scatter, allgather_partitions,
-            round_robin_gradients, offload_optimizer}``, ``gradient_clipping`` and
-            ``zero_force_ds_cpu_optimizer``.
+            round_robin_gradients, offload_optimizer}`` and ``gradient_clipping`` (validated models:
+            ``ctx.section`` / ``ctx.config``).
 
     Raises:
-        ConfigError: offload to NVMe; a client optimizer that cannot step CPU partitions under offload;
-            a parameter in two groups.
+        ConfigError: an unwritable ``offload_optimizer.nvme_path``; a parameter in two groups.
     """
 
     stage = 1
     partition_gradients = False
 
-    def __init__(self, ctx: ZeroStageContext) -> None:
+    def __init__(self, ctx: ZeroStageContext[ZeroConfig]) -> None:
         super().__init__(ctx)
-        cfg = ctx.config
-        zc = zero_section(cfg)
-        self.coll = Collectives(ctx.comm)
-        self.world, self.rank = self.coll.world, self.coll.rank
-        self.reduce_bucket = max(1, int(zget(zc, "reduce_bucket_size", _DEFAULT_BUCKET)))
-        self.allgather_bucket = max(1, int(zget(zc, "allgather_bucket_size", _DEFAULT_BUCKET)))
-        self.overlap = bool(zget(zc, "overlap_comm", False))
-        self.contiguous = bool(zget(zc, "contiguous_gradients", True))
-        self.use_reduce_scatter = bool(zget(zc, "reduce_scatter", True))
-        self.allgather_partitions = bool(zget(zc, "allgather_partitions", True))
-        self.round_robin = bool(zget(zc, "round_robin_gradients", False))
-        self.offload = offload_device(zc, "offload_optimizer") == "cpu"
-        self.pin = offload_pin(zc, "offload_optimizer")
-        self.clip = float(getattr(cfg, "gradient_clipping", 0.0) or 0.0)
+        zc = ctx.section
+        self.comm = ctx.comm
+        self.world, self.rank = self.comm.world_size, self.comm.rank
+        self.reduce_bucket = zc.elements("reduce_bucket_size")
+        self.allgather_bucket = int(zc.allgather_bucket_size)
+        self.overlap = bool(zc.overlap_comm)
+        self.contiguous = bool(zc.contiguous_gradients)
+        self.use_reduce_scatter = bool(zc.reduce_scatter)
+        self.allgather_partitions = bool(zc.allgather_partitions)
+        self.round_robin = bool(zc.round_robin_gradients)
+        self.offload = offload_device(zc.offload_optimizer, "offload_optimizer") in ("cpu", "nvme")
+        self.pin = offload_pin(zc.offload_optimizer)
+        self.clip = float(ctx.config.gradient_clipping)
         self.precision = ctx.precision
         self.loss_scaler = ctx.loss_scaler
-        self.check_overflow = bool(getattr(ctx.precision, "check_overflow", False))
-        check_client_optimizer_for_offload(ctx, self.offload)
+        self.check_overflow = bool(ctx.precision.check_overflow)
 
         self.group_params = unique_trainable(ctx.param_groups)
         names = {id(p): n for n, p in ctx.module.named_parameters()}
-        self.buckets: list[_Bucket] = []
+        self.buckets: list[PartitionBucket] = []
         self.flat_data: list[torch.Tensor | None] = []
         self.flat_grad: list[torch.Tensor | None] = []
         self.masters: list[list[torch.nn.Parameter]] = []  # per group: one flat chunk per bucket
         self.pairs: list[tuple[torch.nn.Parameter, GroupLayout]] = []
         self.master_grads: list[torch.Tensor] = []  # fp32 gradient partitions (buffers or chunk views)
         self._separate_masters: list[torch.Tensor] = []
-        self._param_bucket: dict[int, tuple[_Bucket, int]] = {}
+        self._param_bucket: dict[int, tuple[PartitionBucket, int]] = {}
         for gi, params in enumerate(self.group_params):
             self._build_group(gi, params, names)
         self._optimizer = build_optimizer(ctx, self.masters, self.group_params)
+        flat_masters = [m for ms in self.masters for m in ms]  # bucket order, as self.buckets
+        self._nvme = nvme_attach(ctx, self._optimizer, flat_masters,
+                                 [b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk] for b in self.buckets], self.rank)
+        if self._nvme is not None:  # masters and state now live in swap files: drop the other references
+            self._separate_masters.clear()
+            for b, m in zip(self.buckets, flat_masters):
+                b.master = m  # empty between steps; full inside nvme_materialized
         if self._optimizer is not None:
             self._optimizer.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
-        self._hooks = [
-            p.register_post_accumulate_grad_hook(self._grad_ready)
-            for params in self.group_params
-            for p in params
-            if self.partition_gradients or self.overlap
-        ]
-        self._param_handles: dict[int, tuple[list[Handle], torch.Tensor]] = {}
-        self._pool: dict[int, list[torch.Tensor]] = {}  # padded size -> free staging buffers
-        self._module_buckets: dict[torch.nn.Module, list[int]] = {}
-        for mod in ctx.module.modules():
-            idx = sorted({self._param_bucket[id(p)][0].index for p in mod.parameters(recurse=False) if id(p) in self._param_bucket})
-            if idx:
-                self._module_buckets[mod] = idx
-                self._hooks.append(mod.register_forward_pre_hook(self._pre_forward))
-        self._launching = False
-        self._next_launch = 0
-        self._timers = active_timers()
-        self._t_bucket = 0.0  # seconds copying into staging buffers this backward (wall_clock_breakdown)
-        self._inflight: list[_Bucket] = []
+        # stage 2 (contiguous) copies each gradient into its bucket's staging buffer in the hook and frees
+        # it; stage 1 keeps .grad as views of the flat gradient buffer (or stages them at launch)
+        self.reducer = GradientReducer(
+            self.comm,
+            self.buckets,
+            reduce_scatter=self.use_reduce_scatter,
+            copy_on_hook=self.partition_gradients and self.contiguous,
+            free_grads=self.partition_gradients,
+            ordered=True,
+            max_inflight=_MAX_INFLIGHT,
+        )
+        self._hooks = self.reducer.register_hooks() if (self.partition_gradients or self.overlap) else []
         self._fresh = True  # gradient partitions hold nothing from this window yet
         self._reduced = False
         log.info(
@@ -222,7 +189,7 @@ class PartitionedOptimizerStage(ZeroStage):
                 size = 0
             groups[-1].append(p)
             size += p.numel()
-        buckets = [_Bucket(len(self.buckets) + i, gi, ps, self.world) for i, ps in enumerate(groups)]
+        buckets = [PartitionBucket(len(self.buckets) + i, gi, ps, self.world) for i, ps in enumerate(groups)]
         total = sum(b.padded for b in buckets)
         flat = torch.zeros(total, dtype=dtype, device=device)
         grad = torch.zeros(total, dtype=dtype, device=device) if (self.contiguous and not self.partition_gradients) else None
@@ -231,13 +198,14 @@ class PartitionedOptimizerStage(ZeroStage):
         shared_master = dtype == torch.float32 and not self.offload
         shared_grad = shared_master and grad is not None
         part_numel = sum(b.chunk for b in buckets)
+        accelerator = self.ctx.accelerator
         master = None if shared_master else (
-            host_tensor(part_numel, torch.float32, self.pin)
+            host_tensor(part_numel, torch.float32, self.pin, accelerator)
             if self.offload
             else torch.zeros(part_numel, dtype=torch.float32, device=device)
         )
         mgrad = None if shared_grad else (
-            host_tensor(part_numel, torch.float32, self.pin)
+            host_tensor(part_numel, torch.float32, self.pin, accelerator)
             if self.offload
             else torch.zeros(part_numel, dtype=torch.float32, device=device)
         )
@@ -271,6 +239,7 @@ class PartitionedOptimizerStage(ZeroStage):
                     self.master_grads.append(b.master_grad)
                 else:
                     b.master_grad = mgrad[poff : poff + b.chunk]
+                b.target = b.master_grad
                 mparam = torch.nn.Parameter(b.master, requires_grad=True)
                 mparam.grad = b.master_grad
                 layout = GroupLayout(
@@ -313,216 +282,81 @@ class PartitionedOptimizerStage(ZeroStage):
                 "no_sync is incompatible with gradient partitioning (zero_optimization.stage 2): gradients "
                 "are reduce-scattered on every micro step; use stage 0 or 1 for no_sync"
             )
-        self._timers = timers = active_timers()
-        self._t_bucket = 0.0
-        self._wait_params()
+        timers = active_timers()
         reduce_now = sync and (self.partition_gradients or boundary)
-        self._launching = reduce_now and self.overlap
-        self._next_launch = 0
-        for b in self.buckets:
-            b.ready = 0
-            b.launched = False
+        self._begin(launch=reduce_now and self.overlap, timed=timers is not None)
         try:
             loss.backward(retain_graph=retain_graph)
         finally:
-            self._launching = False
+            self.reducer.end()
         if reduce_now:
             t0 = time.perf_counter()
             self._flush()
             if timers is not None:
                 timers.add("backward.reduce_wait", time.perf_counter() - t0)
         if timers is not None:
-            timers.add("backward.bucket", self._t_bucket)
+            timers.add("backward.bucket", self.reducer.copy_seconds)
 
-    def _grad_ready(self, p: torch.Tensor) -> None:
-        b, k = self._param_bucket[id(p)]
-        if self.partition_gradients and self.contiguous:
-            t0 = time.perf_counter() if self._timers is not None else 0.0
-            if b.staging is None:
-                b.staging = self._acquire(b)
-            assert p.grad is not None
-            b.staging[b.offsets[k] : b.offsets[k] + b.numels[k]].copy_(p.grad.reshape(-1))
-            b.got[k] = True
-            p.grad = None
-            if self._timers is not None:
-                self._t_bucket += time.perf_counter() - t0
-        b.ready += 1
-        if self._launching and b.ready >= b.expected:
-            while self._next_launch < len(self.buckets):
-                nb = self.buckets[self._next_launch]
-                if nb.ready < nb.expected:
-                    break
-                self._launch(nb)
-                self._next_launch += 1
-
-    def _bucket_input(self, b: _Bucket) -> torch.Tensor:
-        if b.grad is not None:
-            return b.grad
-        if b.staging is None:
-            b.staging = self._acquire(b)
-        if not (self.partition_gradients and self.contiguous):
-            for k, (p, off, n) in enumerate(zip(b.params, b.offsets, b.numels)):
-                if p.grad is not None:
-                    b.staging[off : off + n].copy_(p.grad.reshape(-1))
-                    b.got[k] = True
-                    if self.partition_gradients:
-                        p.grad = None
-        if b.ready < b.expected or not all(b.got):  # parameters without a gradient contribute zeros
-            for k, (off, n) in enumerate(zip(b.offsets, b.numels)):
-                if not b.got[k]:
-                    b.staging[off : off + n].zero_()
-        return b.staging
-
-    def _acquire(self, b: _Bucket) -> torch.Tensor:
-        """A staging buffer of ``b.padded`` elements from the pool (padding zeroed, rest undefined)."""
-        pool = self._pool.get(b.padded)
-        buf = pool.pop() if pool else torch.empty(b.padded, dtype=b.data.dtype, device=b.data.device)
-        end = b.offsets[-1] + b.numels[-1]
-        if end < b.padded:
-            buf[end:].zero_()
-        b.got = [False] * len(b.params)
-        return buf
-
-    def _recycle(self, b: _Bucket) -> None:
-        if b.staging is not None:
-            pool = self._pool.setdefault(b.padded, [])
-            if len(pool) < _MAX_INFLIGHT:
-                pool.append(b.staging)
-            b.staging = None
-
-    def _launch(self, b: _Bucket) -> None:
-        while len(self._inflight) >= _MAX_INFLIGHT:
-            self._finish(self._inflight.pop(0))
-        inp = self._bucket_input(b)
-        if self.world > 1 and self.precision.compute_dtype == torch.float16:
-            inp.div_(self.world)  # fp16: average before summing so the sum cannot overflow
-        aliased = b.master_grad.data_ptr() == inp[self.rank * b.chunk :].data_ptr()
-        direct = (
-            (not self.partition_gradients or self._fresh)
-            and b.master_grad.dtype == inp.dtype
-            and b.master_grad.device == inp.device
-            and (not aliased or self.coll.gloo_fast)
-        )
-        if self.use_reduce_scatter:
-            out = b.master_grad if direct else torch.empty(b.chunk, dtype=inp.dtype, device=inp.device)
-            b.handle = self.coll.reduce_scatter(out, inp, async_op=True)
-            b.out = None if direct else out
-        else:
-            b.handle = self.coll.all_reduce(inp, async_op=True)
-            b.out = inp[self.rank * b.chunk : (self.rank + 1) * b.chunk]
-        b.launched = True
-        self._inflight.append(b)
-
-    def _finish(self, b: _Bucket) -> None:
-        assert b.handle is not None
-        b.handle.wait()
-        b.handle = None
-        if b.out is not None and b.out.data_ptr() != b.master_grad.data_ptr():
-            if self._fresh or not self.partition_gradients:
-                b.master_grad.copy_(b.out)
-            else:
-                b.master_grad.add_(b.out)
-        b.out = None
-        if self.partition_gradients:
-            self._recycle(b)
+    def _begin(self, *, launch: bool, timed: bool = False) -> None:
+        # fp16: average before summing so the sum cannot overflow; stage 2 adds a window's micro steps
+        prescale = float(self.world) if self.world > 1 and self.precision.compute_dtype == torch.float16 else 1.0
+        accumulate = self.partition_gradients and not self._fresh
+        self.reducer.begin(launch=launch, prescale=prescale, accumulate=accumulate, timed=timed)
 
     def _flush(self) -> None:
-        for b in self.buckets:
-            if not b.launched:
-                self._launch(b)
-        while self._inflight:
-            self._finish(self._inflight.pop(0))
+        self.reducer.flush()
         self._fresh = False
         self._reduced = True
 
     def step(self) -> StepOutcome:
         """Unscale, check overflow, clip by the global norm, step the partitions, all-gather, zero."""
         if not self.partition_gradients and not self._reduced:
-            for b in self.buckets:
-                b.launched = False
+            self._begin(launch=False)
             self._flush()
-        if self._fresh:  # nothing was reduced in this window
-            for g in self.master_grads:
-                g.zero_()
-        scale = float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
-        divisor = scale * (1.0 if self.precision.compute_dtype == torch.float16 else float(self.world))
-        timers = active_timers()
-        t0 = time.perf_counter()
-        flats = [g for g in self.master_grads if g.numel()]
-        norm, overflow = unscale_clip(flats, self.coll, divisor=divisor, clip=self.clip, check_overflow=self.check_overflow)
-        skip = self.loss_scaler.update(overflow) if self.loss_scaler is not None else overflow
-        if skip or overflow:
-            self.zero_grad()
-            return StepOutcome(applied=False, overflow=overflow, global_grad_norm=None)
-        t1 = time.perf_counter()
-        if self._optimizer is not None:
-            self._optimizer.step()
-            t2 = time.perf_counter()
-            self._all_gather_params(defer=self.overlap)
-            if timers is not None:
-                timers.add("step.optimizer", t2 - t1)
-                timers.add("step.allgather", time.perf_counter() - t2)
-        if timers is not None:
-            timers.add("step.clip", t1 - t0)
-        self.zero_grad()
-        return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)  # type: ignore[arg-type]
+        return step_partitions(
+            self._optimizer, masters=[m for ms in self.masters for m in ms], master_grads=self.master_grads, fresh=self._fresh,
+            comm=self.comm, precision=self.precision, loss_scaler=self.loss_scaler, clip=self.clip, world=self.world,
+            offload=self.offload, publish=self._all_gather_params, zero_grad=self.zero_grad,
+        )
 
     @torch.no_grad()
-    def _all_gather_params(self, *, defer: bool = False) -> None:
+    def _all_gather_params(self) -> None:
         """Write every rank's updated chunks into the flat parameter buffers.
 
-        Launched in forward order (last bucket first). With ``defer`` (after a step under
-        ``overlap_comm``) nothing is waited on here: each module's forward pre-hook waits for the
-        buckets holding its parameters, so the gather overlaps the next forward.
+        Every bucket is launched asynchronously (forward order: last bucket first), then all are waited
+        for: the parameters are current when this returns.
         """
-        self._wait_params()
+        pending: list[tuple[list[Work], torch.Tensor]] = []  # keeps each converted source alive until waited
         for b in reversed(self.buckets):
-            src = b.master
+            # an empty master is on NVMe: its step already wrote the updated values into the own chunk
+            src = b.master if b.master.numel() else b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk]
             if src.dtype != b.data.dtype or src.device != b.data.device:
                 src = src.to(device=b.data.device, dtype=b.data.dtype, non_blocking=True)
-            handles: list[Handle] = []
+            handles: list[Work] = []
             if self.world == 1:
                 b.data.copy_(src)
             elif not self.allgather_partitions:
                 b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk].copy_(src)
                 for q in range(self.world):
-                    handles.append(self.coll.broadcast(b.data[q * b.chunk : (q + 1) * b.chunk], q, async_op=True))
+                    piece = b.data[q * b.chunk : (q + 1) * b.chunk]
+                    handles.append(self.comm.broadcast(piece, self.comm.global_rank(q), async_op=True))
             elif b.padded <= self.allgather_bucket:
-                if not self.coll.gloo_fast and src.data_ptr() == b.data[self.rank * b.chunk :].data_ptr():
-                    src = src.clone()  # collectives may not read and write the same memory
-                handles.append(self.coll.all_gather(b.data, src, async_op=True))
+                handles.append(self.comm.all_gather_into_tensor(b.data, src, async_op=True))
             else:
                 piece = max(1, self.allgather_bucket // self.world)
                 for a in range(0, b.chunk, piece):
                     e = min(b.chunk, a + piece)
                     outs = [b.data[q * b.chunk + a : q * b.chunk + e] for q in range(self.world)]
-                    handles.append(self.coll.all_gather_list(outs, src[a:e], async_op=True))
+                    handles.append(self.comm.all_gather(outs, src[a:e], async_op=True))
             if handles:
-                self._param_handles[b.index] = (handles, src)
-        if not defer:
-            self._wait_params()
-
-    def _wait_params(self, indices: Any = None) -> None:
-        if not self._param_handles:
-            return
-        for i in list(self._param_handles) if indices is None else indices:
-            entry = self._param_handles.pop(i, None)
-            if entry is not None:
-                for h in entry[0]:
-                    h.wait()
-
-    def _pre_forward(self, mod: torch.nn.Module, args: Any) -> None:
-        if self._param_handles:
-            timers = active_timers()
-            t0 = time.perf_counter()
-            self._wait_params(self._module_buckets[mod])
-            if timers is not None:
-                timers.add("forward.allgather_wait", time.perf_counter() - t0)
+                pending.append((handles, src))
+        for handles, _ in pending:
+            for h in handles:
+                h.wait()
 
     def zero_grad(self) -> None:
         """Drop accumulated gradients (flat buffers zeroed in place; staging and per-parameter grads freed)."""
-        while self._inflight:
-            self._finish(self._inflight.pop(0))
+        self.reducer.reset()
         grads = [g for g in self.flat_grad if g is not None]
         if grads:
             torch._foreach_zero_(grads)
@@ -530,44 +364,27 @@ class PartitionedOptimizerStage(ZeroStage):
             for params in self.group_params:
                 for p in params:
                     p.grad = None
-        for b in self.buckets:
-            self._recycle(b)
-            b.launched = False
         self._fresh = True
         self._reduced = False
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Full tensors keyed by parameter name (collective: call on every rank)."""
-        self._wait_params()
-        state, groups, fp32 = optimizer_state_dict(self._optimizer, self.pairs, self.coll)
-        out: dict[str, Any] = {
-            "param_names": [n for _, lay in self.pairs for n in lay.names],
-            "state": state,
-            "param_groups": groups,
-            "fp32_params": fp32,
-        }
-        if self.loss_scaler is not None:
-            out["loss_scaler"] = self.loss_scaler.state_dict()
-        return out
+        with nvme_materialized(self._optimizer):
+            return partitioned_state_dict(self._optimizer, self.pairs, self.comm, self.loss_scaler)
 
-    @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
         """Re-partition a state saved at any world size; refresh module weights from the fp32 masters."""
-        self._wait_params()
-        fp32 = state.get("fp32_params") if load_optimizer_states else None
-        if fp32:
-            for m, lay in self.pairs:
-                scatter_by_name(fp32, lay, self.rank, m.data)
-            self._all_gather_params()
-        else:
-            self._refresh_masters()
-        if not load_optimizer_states:
-            return
-        if self.loss_scaler is not None and "loss_scaler" in state:
-            self.loss_scaler.load_state_dict(state["loss_scaler"])
-        if self._optimizer is not None:
-            load_optimizer_state(self._optimizer, self.pairs, state, self.rank)
+        with nvme_materialized(self._optimizer, write_back=True):
+            self._load_state_dict(state, load_optimizer_states=load_optimizer_states)
+
+    @torch.no_grad()
+    def _load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool) -> None:
+        load_partitioned_state(
+            state, opt=self._optimizer, pairs=self.pairs, rank=self.rank, loss_scaler=self.loss_scaler,
+            load_optimizer_states=load_optimizer_states,
+            masters_loaded=lambda loaded: self._all_gather_params() if loaded else self._refresh_masters(),
+        )
 
     def _refresh_masters(self) -> None:
         with torch.no_grad():
@@ -578,14 +395,18 @@ class PartitionedOptimizerStage(ZeroStage):
 
     def module_state_dict(self) -> dict[str, torch.Tensor]:
         """The module's own state dict (stages 1/2 hold full parameters)."""
-        self._wait_params()
         return self.ctx.module.state_dict()
 
     def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
         """Load full weights in place (the flat buffers stay) and refresh the fp32 master partitions."""
-        self._wait_params()
         self.ctx.module.load_state_dict(state, strict=strict)
-        self._refresh_masters()
+        with nvme_materialized(self._optimizer, write_back=True):
+            self._refresh_masters()
+
+    def close(self) -> None:
+        """Remove the NVMe swap files of ``offload_optimizer.device: nvme`` (``engine.close()``)."""
+        if self._nvme is not None:
+            self._nvme.close()
 
     def _aliases_flat_grad(self, g: torch.Tensor) -> bool:
         return any(
@@ -594,10 +415,7 @@ class PartitionedOptimizerStage(ZeroStage):
 
     def partition_bytes(self) -> dict[str, int]:
         """Bytes on this rank: optimizer state + fp32 masters, module parameters, gradients."""
-        opt_bytes = 0
-        if self._optimizer is not None:
-            for s in self._optimizer.state.values():
-                opt_bytes += sum(v.numel() * v.element_size() for v in s.values() if torch.is_tensor(v))
+        opt_bytes = optimizer_state_bytes(self._optimizer)
         masters = sum(m.numel() * 4 for m in self._separate_masters)
         params = sum(f.numel() * f.element_size() for f in self.flat_data if f is not None)
         grads = sum(g.numel() * g.element_size() for g in self.flat_grad if g is not None)

@@ -26,6 +26,10 @@ fp32, ``FP16_Optimizer`` / ``FP16_UnfusedOptimizer`` for fp16 and bf16), restate
   master parameters, or a client optimizer's groups are switched to them, like DeepSpeed's
   ``FP16_Optimizer``), and after each applied step the fp32 buffer is copied back in one op.
 
+Reduction runs on the shared :class:`dscore.zero.reducer.GradientReducer`: each bucket owns its slice of
+the flat buffer (no copy); under ``overlap_comm`` the hooks launch it as it fills, otherwise adjacent
+buckets go out together at the boundary in pieces of ``reduce_bucket_size`` elements.
+
 Hot path: no Python loop over parameters per step; one device sync per boundary only when an overflow
 check is required (fp16 / bf16 with ``check_grad_overflow``). The global norm is kept as a 0-dim
 tensor (:attr:`StepOutcome.global_grad_norm`) so the engine reads it only on request.
@@ -41,14 +45,15 @@ from typing import Any
 import torch
 
 from dscore.errors import ConfigError
-from dscore.runtime.timers import active_timers
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
+from dscore.runtime.timers import active_timers
+from dscore.zero.optimizer import optimizer_state_bytes, unique_trainable
+from dscore.zero.reducer import GradientReducer, ReduceBucket
+from dscore_plugins.zero.config import ZeroConfig
 
 __all__ = ["Stage0", "NoOpOptimizer"]
 
 log = logging.getLogger("dscore.zero.stage0")
-
-_DEFAULT_BUCKET = 500_000_000
 
 
 class NoOpOptimizer(torch.optim.Optimizer):
@@ -129,38 +134,37 @@ class Stage0(ZeroStage):
 
     stage = 0
 
-    def __init__(self, ctx: ZeroStageContext) -> None:
+    def __init__(self, ctx: ZeroStageContext[ZeroConfig]) -> None:
         super().__init__(ctx)
         cfg = ctx.config
         self.precision = ctx.precision
         self.loss_scaler = ctx.loss_scaler
-        self.clip = float(getattr(cfg, "gradient_clipping", 0.0) or 0.0)
-        self.check_overflow = bool(getattr(ctx.precision, "check_overflow", False))
-        self._sum_op = str(getattr(cfg, "gradient_allreduce_op", "mean")).lower() == "sum"
-        self._prescale = bool(getattr(cfg, "prescale_gradients", False))
-        self._predivide = float(getattr(cfg, "gradient_predivide_factor", 1.0) or 1.0)
-        zero_cfg = cfg.section("zero_optimization") if hasattr(cfg, "section") else None
-        bucket = getattr(zero_cfg, "reduce_bucket_size", None)
-        self.bucket_numel = int(bucket) if isinstance(bucket, (int, float)) and bucket > 0 else _DEFAULT_BUCKET
-        self.world_size = int(ctx.comm.get_world_size()) if ctx.comm is not None else 1
+        self.clip = float(cfg.gradient_clipping)
+        self.check_overflow = bool(ctx.precision.check_overflow)
+        self._sum_op = cfg.gradient_allreduce_op == "sum"
+        self._prescale = bool(cfg.prescale_gradients)
+        self._predivide = float(cfg.gradient_predivide_factor)
+        self.bucket_numel = ctx.section.elements("reduce_bucket_size")
+        self.world_size = ctx.comm.world_size
         self.master_weights = ctx.precision.compute_dtype in (torch.float16, torch.bfloat16)
 
-        params = _unique_params(ctx.param_groups)
+        params = [p for ps in unique_trainable(ctx.param_groups, keep_frozen=True) for p in ps]
         by_key: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
         for p in params:
             by_key.setdefault((p.device, p.dtype), []).append(p)
         self.groups = [_FlatGroup(ps, master_weights=self.master_weights) for ps in by_key.values()]
         self._reduced = False
-        self._overflow = False
-        self.overlap = bool(getattr(zero_cfg, "overlap_comm", False) or False)
-        self._build_buckets()
-        self._launching = False
-        self._works: list[Any] = []
-        self._hooks = (
-            [p.register_post_accumulate_grad_hook(self._grad_ready) for g in self.groups for p in g.params if p.requires_grad]
-            if self.overlap and self.world_size > 1
-            else []
+        self._overlapped = False
+        self.overlap = bool(ctx.section.overlap_comm)
+        self.reducer = GradientReducer(
+            ctx.comm,
+            self._build_buckets(),
+            reduce_scatter=False,
+            ordered=True,
+            max_inflight=0,
+            max_message=self.bucket_numel,
         )
+        self._hooks = self.reducer.register_hooks() if self.overlap and self.world_size > 1 else []
 
         # Map module parameter -> the tensor the optimizer updates.
         target: dict[int, torch.Tensor] = {}
@@ -178,35 +182,30 @@ class Stage0(ZeroStage):
         )
 
     # ------------------------------------------------------------------ construction helpers
-    def _build_buckets(self) -> None:
+    def _build_buckets(self) -> list[ReduceBucket]:
         """Cut each flat gradient buffer into reduce buckets of about ``bucket_numel`` elements along
         parameter boundaries, walking the parameters in reverse (the order backward produces them), so
-        the last bucket of the buffer fills first. Bucket ``i`` is ``(group, start, end)``; buckets are
-        launched strictly in index order on every rank, so the collectives match."""
-        self._buckets: list[tuple[int, int, int]] = []
-        self._expected: list[int] = []
-        self._bucket_of: dict[int, int] = {}
-        for gi, g in enumerate(self.groups):
+        the last bucket of the buffer fills first. Each bucket owns its slice of the buffer (the
+        ``.grad`` views), so reducing it copies nothing; the reducer launches them in list order."""
+        buckets: list[ReduceBucket] = []
+        for g in self.groups:
             offsets = []
             off = 0
             for p in g.params:
                 offsets.append(off)
                 off += p.numel()
-            end, lo, count = off, off, 0  # open bucket: [lo, end)
-            for p, start in zip(reversed(g.params), reversed(offsets)):
+            end = lo = off  # the open bucket is [lo, end), holding params[idx]
+            idx: list[int] = []
+            for i in range(len(g.params) - 1, -1, -1):
+                start = offsets[i]
                 if end > lo and end - start > self.bucket_numel:
-                    self._buckets.append((gi, lo, end))
-                    self._expected.append(count)
-                    end, count = lo, 0
+                    buckets.append(ReduceBucket([g.params[k] for k in reversed(idx)], grad=g.grad[lo:end]))
+                    end, idx = lo, []
                 lo = start
-                if p.requires_grad:
-                    count += 1
-                    self._bucket_of[id(p)] = len(self._buckets)
+                idx.append(i)
             if end > lo:
-                self._buckets.append((gi, lo, end))
-                self._expected.append(count)
-        self._ready = [0] * len(self._buckets)
-        self._next_launch = 0
+                buckets.append(ReduceBucket([g.params[k] for k in reversed(idx)], grad=g.grad[lo:end]))
+        return buckets
 
     def _build_optimizer(self, target: dict[int, torch.Tensor]) -> torch.optim.Optimizer | None:
         ctx = self.ctx
@@ -253,17 +252,14 @@ class Stage0(ZeroStage):
         bucket order, so communication overlaps the rest of backward (what DDP's reducer does); the
         remaining buckets are launched and everything is waited for once autograd is done.
         """
-        launch = self._hooks and boundary and sync and not self._local_gradients()
+        launch = bool(self._hooks) and boundary and sync and not self._local_gradients()
         if launch:
-            self._ready = [0] * len(self._buckets)
-            self._next_launch = 0
-            self._pre, self._post = self._divisors()
-            self._launch_s = 0.0
-            self._launching = True
+            self.reducer.begin(launch=True, prescale=self._divisors()[0], timed=active_timers() is not None)
+            self._overlapped = True
         try:
             loss.backward(retain_graph=retain_graph)
         finally:
-            self._launching = False
+            self.reducer.end()
         if boundary and sync:
             self._reduce()
 
@@ -277,28 +273,6 @@ class Stage0(ZeroStage):
             return self._predivide, world / self._predivide
         return float(world), 1.0
 
-    def _grad_ready(self, p: torch.Tensor) -> None:
-        # post-accumulate-grad hook: one dict lookup and a counter per parameter, a launch per bucket
-        if not self._launching:
-            return
-        b = self._bucket_of[id(p)]
-        self._ready[b] += 1
-        if self._ready[b] < self._expected[b] or b != self._next_launch:
-            return
-        t0 = time.perf_counter()
-        while self._next_launch < len(self._buckets) and self._ready[self._next_launch] >= self._expected[self._next_launch]:
-            self._launch_bucket(self._next_launch)
-            self._next_launch += 1
-        self._launch_s += time.perf_counter() - t0
-
-    def _launch_bucket(self, i: int) -> None:
-        gi, lo, hi = self._buckets[i]
-        buf = self.groups[gi].grad
-        if self._pre != 1.0:
-            buf[lo:hi].div_(self._pre)
-        for a in range(lo, hi, self.bucket_numel):
-            self._works.append(self.ctx.comm.all_reduce(buf[a : min(hi, a + self.bucket_numel)], op="sum", async_op=True))
-
     def _local_gradients(self) -> bool:
         """True when the optimizer communicates itself and wants this rank's own gradients (1-bit Adam/Lamb
         after their warm-up: ``gradient_allreduce_needed`` is False), as DeepSpeed's engine disables its
@@ -307,46 +281,21 @@ class Stage0(ZeroStage):
 
     def _reduce(self) -> None:
         self._reduced = True
-        world = self.world_size
+        overlapped, self._overlapped = self._overlapped, False
+        if not overlapped and (self.world_size == 1 or self._local_gradients()):
+            return
         timers = active_timers()
-        if self._works or (self._hooks and self._next_launch):
-            # overlapped: launch what backward did not (buckets without gradients), then wait
-            t0 = time.perf_counter()
-            while self._next_launch < len(self._buckets):
-                self._launch_bucket(self._next_launch)
-                self._next_launch += 1
-            t1 = time.perf_counter()
-            works, self._works = self._works, []
-            for work in works:
-                work.wait()
-            t2 = time.perf_counter()
-            if self._post != 1.0:
-                torch._foreach_div_([g.grad for g in self.groups], self._post)
-            self._next_launch = 0
-            if timers is not None:
-                timers.add("backward.reduce_launch", self._launch_s + t1 - t0)
-                timers.add("backward.reduce_wait", t2 - t1)
-            return
-        if world == 1 or self._local_gradients():
-            return
-        t0 = time.perf_counter()
         pre, post = self._divisors()
-        comm = self.ctx.comm
-        bufs = [g.grad for g in self.groups]
-        if pre != 1.0:
-            torch._foreach_div_(bufs, pre)
-        # all buckets in flight at once, then wait (the backend pipelines them)
-        works = [
-            comm.all_reduce(buf[start : start + self.bucket_numel], op="sum", async_op=True)
-            for buf in bufs
-            for start in range(0, buf.numel(), self.bucket_numel)
-        ]
-        for work in works:
-            work.wait()
+        if not overlapped:
+            self.reducer.begin(launch=False, prescale=pre, timed=timers is not None)
+        t0 = time.perf_counter()
+        self.reducer.flush()  # launches what backward did not (all of it without overlap), then waits
+        t1 = time.perf_counter()
         if post != 1.0:
-            torch._foreach_div_(bufs, post)
+            torch._foreach_div_([g.grad for g in self.groups], post)
         if timers is not None:
-            timers.add("backward.reduce_wait", time.perf_counter() - t0)
+            timers.add("backward.reduce_launch", self.reducer.launch_seconds)
+            timers.add("backward.reduce_wait", t1 - t0)
 
     def step(self) -> StepOutcome:
         """Unscale, check overflow, clip, step, zero. See the module docstring for the exact order."""
@@ -500,26 +449,9 @@ class Stage0(ZeroStage):
                     g.master.copy_(g.data)
 
     def partition_bytes(self) -> dict[str, int]:
-        opt_bytes = 0
-        if self._optimizer is not None:
-            for s in self._optimizer.state.values():
-                opt_bytes += sum(v.numel() * v.element_size() for v in s.values() if torch.is_tensor(v))
+        opt_bytes = optimizer_state_bytes(self._optimizer)
         params = sum(g.grad.numel() * g.grad.element_size() for g in self.groups)
         masters = sum(g.master.numel() * 4 for g in self.groups if g.master is not None)
         grads = params + sum(g.master_grad.numel() * 4 for g in self.groups if g.master_grad is not None)
         return {"optimizer_state": opt_bytes + masters, "parameters": params, "gradients": grads}
 
-
-def _unique_params(param_groups: list[dict[str, Any]]) -> list[torch.nn.Parameter]:
-    seen: set[int] = set()
-    out: list[torch.nn.Parameter] = []
-    for group in param_groups:
-        for p in group["params"]:
-            if id(p) in seen:
-                raise ConfigError(
-                    "a parameter appears more than once in model_parameters / the optimizer's groups; "
-                    "each trainable parameter must belong to exactly one group"
-                )
-            seen.add(id(p))
-            out.append(p)
-    return out

@@ -21,19 +21,22 @@ the module's outputs re-gathers it (and prefetches the preceding units) just bef
 Units of at most ``stage3_param_persistence_threshold`` elements stay gathered for the whole run
 (re-gathered after each step). The order is traced on the first forward (construction order before).
 
-**Gradients.** As each parameter's gradient is produced it is copied into its unit's staging buffer and
-freed; when a unit's trainable parameters are all done, one asynchronous ``reduce_scatter_tensor``
-(an all-reduce with ``reduce_scatter: false``) sends every rank its chunk, accumulated in fp32 (at most
-two units in flight; overlapped with backward when ``overlap_comm``, the stage-3 default) and the unit is
-released. The step is stage 1/2's: global-norm clip and unscale of the fp32 partitions, optimizer step (on
+**Gradients.** Each trainable unit is one bucket of the shared
+:class:`dscore.zero.reducer.GradientReducer`: as each parameter's gradient is produced it is copied into
+the unit's staging buffer and freed; when a unit's trainable parameters are all done, one asynchronous
+``reduce_scatter_tensor`` (an all-reduce with ``reduce_scatter: false``) sends every rank its chunk,
+accumulated in fp32 (at most two units in flight; overlapped with backward when ``overlap_comm``, the
+stage-3 default) and the unit is released. The step is stage 1/2's: global-norm clip and unscale of the fp32 partitions, optimizer step (on
 CPU with ``offload_optimizer``), copy into the compute-dtype partition. ``offload_param: cpu`` keeps the
-compute-dtype partitions in (pinned) host memory and copies them to the device for each gather.
+compute-dtype partitions in (pinned) host memory and copies them to the device for each gather;
+``offload_param: nvme`` keeps each unit's partition in a swap file, resident only around its use
+(:mod:`.nvme_params`), and ``offload_optimizer: nvme`` the masters and optimizer state (:mod:`.nvme_optimizer`).
 
 Limitations (documented, raise nothing): every rank must run the same graph (collectives are issued
 from hooks in execution order); a parameter used outside its owning module's forward (DeepSpeed's
 "external parameters") must be gathered by the user with :class:`dscore.zero.GatheredParameters`;
-``sub_group_size`` is accepted and not needed (each group's partition is stepped by one fused
-``torch.optim`` call).
+``sub_group_size`` matters only with ``offload_optimizer: nvme`` (each group's partition is otherwise
+stepped by one fused ``torch.optim`` call).
 """
 
 from __future__ import annotations
@@ -47,26 +50,19 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from dscore.errors import ConfigError
-from dscore.runtime.timers import active_timers
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
-from dscore.zero._comm import Collectives, Handle
+from dscore.runtime.timers import active_timers
+from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
+from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.partition import FlatUnit, unit_of
-from dscore_plugins.zero._common import (
-    GroupLayout,
-    Segment,
-    build_optimizer,
-    check_client_optimizer_for_offload,
-    host_tensor,
-    load_optimizer_state,
-    offload_device,
-    offload_pin,
-    optimizer_state_dict,
-    scatter_by_name,
-    unique_trainable,
-    unscale_clip,
-    zero_section,
-    zget,
-)
+from dscore.zero.reducer import GradientReducer, ReduceBucket
+from dscore_plugins.zero.config import ZeroConfig
+from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
+from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
+from dscore_plugins.zero.nvme_optimizer import write_master as nvme_write_master
+from dscore_plugins.zero.nvme_params import attach as nvme_attach_params
+from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin
+from dscore_plugins.zero.step import step_partitions
 
 __all__ = ["Stage3", "Stage3ParameterManager"]
 
@@ -136,9 +132,9 @@ _FROZEN = -1
 
 
 class _UnitState:
-    """Training-time bookkeeping of one unit (grad staging and readiness)."""
+    """Training-time bookkeeping of one unit: its optimizer group and place in the group partition."""
 
-    __slots__ = ("unit", "key", "trainable", "index", "part_offset", "expected", "ready", "staging", "launched")
+    __slots__ = ("unit", "key", "trainable", "index", "part_offset")
 
     def __init__(self, unit: FlatUnit, key: int, index: int) -> None:
         self.unit = unit
@@ -146,10 +142,15 @@ class _UnitState:
         self.index = index
         self.trainable = key != _FROZEN
         self.part_offset = 0
-        self.expected = len(unit.params) if self.trainable else 0
-        self.ready = 0
-        self.staging: torch.Tensor | None = None
-        self.launched = False
+
+
+class UnitBucket(ReduceBucket):
+    """The reduce bucket of one trainable unit (its gradients, padded like the unit's flat buffer)."""
+
+    def __init__(self, state: _UnitState, target: torch.Tensor, pad_to: int) -> None:
+        u = state.unit
+        super().__init__(u.params, pad_to=pad_to, dtype=u.dtype, device=u.device, target=target, numels=u.numels)
+        self.state = state
 
 
 class Stage3ParameterManager:
@@ -201,39 +202,38 @@ class Stage3(ZeroStage):
     Args:
         ctx: the engine's context. Reads ``zero_optimization.{overlap_comm, reduce_scatter,
             prefetch_bucket_size, max_live_parameters, max_reuse_distance, param_persistence_threshold,
-            offload_optimizer, offload_param, gather_16bit_weights_on_model_save, sub_group_size}``,
-            ``gradient_clipping``, ``zero_force_ds_cpu_optimizer``.
+            offload_optimizer, offload_param, gather_16bit_weights_on_model_save, sub_group_size}`` and
+            ``gradient_clipping`` (validated models: ``ctx.section`` / ``ctx.config``).
 
     Raises:
-        ConfigError: NVMe offload; a client optimizer unusable with CPU offload; a parameter in two groups.
+        ConfigError: an unwritable ``nvme_path`` or too small ``offload_param.buffer_size``; a parameter in two groups.
     """
 
     stage = 3
 
-    def __init__(self, ctx: ZeroStageContext) -> None:
+    def __init__(self, ctx: ZeroStageContext[ZeroConfig]) -> None:
         super().__init__(ctx)
-        cfg = ctx.config
-        zc = zero_section(cfg)
-        self.coll = Collectives(ctx.comm)
-        self.world, self.rank = self.coll.world, self.coll.rank
-        self.overlap = bool(zget(zc, "overlap_comm", True))
-        self.use_reduce_scatter = bool(zget(zc, "reduce_scatter", True))
-        self.prefetch_bucket = int(zget(zc, "prefetch_bucket_size", 50_000_000))
-        self.max_live = int(zget(zc, "max_live_parameters", 1_000_000_000))
-        self.max_reuse = int(zget(zc, "max_reuse_distance", 1_000_000_000))
-        self.persistence_threshold = int(zget(zc, "param_persistence_threshold", 100_000))
-        self.gather_16bit_weights_on_model_save = bool(zget(zc, "gather_16bit_weights_on_model_save", False))
-        self.sub_group_size = int(zget(zc, "sub_group_size", 1_000_000_000))
-        self.offload_opt = offload_device(zc, "offload_optimizer") == "cpu"
-        self.offload_param = offload_device(zc, "offload_param") == "cpu"
-        self.pin_opt = offload_pin(zc, "offload_optimizer")
-        self.pin_param = offload_pin(zc, "offload_param")
-        self.clip = float(getattr(cfg, "gradient_clipping", 0.0) or 0.0)
+        zc = ctx.section
+        self.comm = ctx.comm
+        self.world, self.rank = self.comm.world_size, self.comm.rank
+        self.overlap = bool(zc.overlap_comm)
+        self.use_reduce_scatter = bool(zc.reduce_scatter)
+        self.prefetch_bucket = zc.elements("prefetch_bucket_size")
+        self.max_live = int(zc.max_live_parameters)
+        self.max_reuse = int(zc.max_reuse_distance)
+        self.persistence_threshold = zc.elements("param_persistence_threshold")
+        self.gather_16bit_weights_on_model_save = bool(zc.gather_16bit_weights_on_model_save)
+        self.sub_group_size = int(zc.sub_group_size)
+        self.offload_opt = offload_device(zc.offload_optimizer, "offload_optimizer") in ("cpu", "nvme")
+        self.offload_param = offload_device(zc.offload_param, "offload_param") in ("cpu", "nvme")
+        self.nvme_param = self.offload_param and zc.offload_param.device == "nvme"
+        self.pin_opt = offload_pin(zc.offload_optimizer)
+        self.pin_param = offload_pin(zc.offload_param)
+        self.clip = float(ctx.config.gradient_clipping)
         self.precision = ctx.precision
         self.compute_dtype = ctx.precision.compute_dtype
         self.loss_scaler = ctx.loss_scaler
-        self.check_overflow = bool(getattr(ctx.precision, "check_overflow", False))
-        check_client_optimizer_for_offload(ctx, self.offload_opt)
+        self.check_overflow = bool(ctx.precision.check_overflow)
 
         module = ctx.module
         self.group_params = unique_trainable(ctx.param_groups)
@@ -262,6 +262,14 @@ class Stage3(ZeroStage):
         self._consolidate()
         self._optimizer = build_optimizer(ctx, [[m] if m is not None else [] for m in self.masters], self.group_params)
         self._pairs = [(m, lay) for m, lay in zip(self.masters, self.layouts) if m is not None]
+        self._pswap = nvme_attach_params(ctx, [s.unit for s in self.units if not s.unit.persistent], self.rank)
+        if self._pswap is not None:  # partitions now live per unit: swap files (persistent units: own copies)
+            for s in self.units:
+                if s.unit.persistent:
+                    s.unit.partition = s.unit.partition.clone()
+            self.parts = {}
+        self._nvme = nvme_attach(ctx, self._optimizer, [m for m in self.masters if m is not None],
+                                 [self._partition_target(k) for k, m in enumerate(self.masters) if m is not None], self.rank)
         self._manager: Stage3ParameterManager | None = None
         if self._optimizer is not None:
             self._optimizer.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
@@ -272,18 +280,29 @@ class Stage3(ZeroStage):
         self._trace_pos = {m: i for i, m in enumerate(self._trace)}
         self._gathered: OrderedDict[int, _UnitState] = OrderedDict()  # non-persistent, LRU order
         self._in_use: set[int] = set()
-        self._inflight: list[tuple[_UnitState, Handle, torch.Tensor | None]] = []
         self._fresh = True
-        self._pool: dict[int, list[torch.Tensor]] = {}  # padded size -> free gradient staging buffers
         self._hooks: list[Any] = []
         self._may_evict = sum(s.unit.numel for s in self.units if not s.unit.persistent) > self.max_live
         for mod in self.module_units:
             self._hooks.append(mod.register_forward_pre_hook(self._pre_forward))
             self._hooks.append(mod.register_forward_hook(self._post_forward))
-        for st in self.units:
-            if st.trainable:
-                for p in st.unit.params:
-                    self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_ready))
+        # every trainable unit is one bucket; launched as soon as it is complete (every rank runs the same
+        # graph, so units complete in the same order everywhere), and released right after the launch
+        self.reducer = GradientReducer(
+            self.comm,
+            [
+                UnitBucket(s, self.master_grads[s.key][s.part_offset : s.part_offset + s.unit.chunk], self.world)
+                for s in self.units
+                if s.trainable
+            ],
+            reduce_scatter=self.use_reduce_scatter,
+            copy_on_hook=True,
+            free_grads=True,
+            ordered=False,
+            max_inflight=_MAX_INFLIGHT,
+            on_launched=self._reduce_launched,
+        )
+        self._hooks.extend(self.reducer.register_hooks())
         log.info(
             "ZeRO stage 3: %d unit(s), %d elements, %d per rank, %d persistent, world=%d, offload opt=%s param=%s",
             len(self.units), sum(s.unit.numel for s in self.units), sum(s.unit.chunk for s in self.units),
@@ -315,7 +334,7 @@ class Stage3(ZeroStage):
             for p in ps:
                 if hasattr(p, "ds_shape"):
                     del p.ds_shape
-            unit = FlatUnit(ps, self.coll, dtype=self.compute_dtype, device=device, name=f"{type(mod).__name__}:{key}")
+            unit = FlatUnit(ps, self.comm, dtype=self.compute_dtype, device=device, name=f"{type(mod).__name__}:{key}")
             unit.load_full([values[i] for i in idx])
             unit.persistent = unit.numel <= self.persistence_threshold
             if not unit.persistent:
@@ -341,7 +360,7 @@ class Stage3(ZeroStage):
                 continue
             total = sum(s.unit.chunk for s in members)
             part = (
-                host_tensor(total, self.compute_dtype, self.pin_param)
+                host_tensor(total, self.compute_dtype, self.pin_param, self.ctx.accelerator)
                 if self.offload_param
                 else torch.zeros(total, dtype=self.compute_dtype, device=self.device)
             )
@@ -368,16 +387,17 @@ class Stage3(ZeroStage):
             if key == _FROZEN:
                 continue
             shared = (
-                not self.offload_opt and self.compute_dtype == torch.float32 and part.device == self.device
+                not self.offload_opt and not self.nvme_param and self.compute_dtype == torch.float32
+                and part.device == self.device
             )
             if shared:
                 master = part
             elif self.offload_opt:
-                master = host_tensor(total, torch.float32, self.pin_opt)
+                master = host_tensor(total, torch.float32, self.pin_opt, self.ctx.accelerator)
                 master.copy_(part)
             else:
                 master = part.to(device=self.device, dtype=torch.float32).clone()
-            mgrad = host_tensor(total, torch.float32, self.pin_opt) if self.offload_opt else torch.zeros(
+            mgrad = host_tensor(total, torch.float32, self.pin_opt, self.ctx.accelerator) if self.offload_opt else torch.zeros(
                 total, dtype=torch.float32, device=master.device
             )
             mp = torch.nn.Parameter(master, requires_grad=True)
@@ -388,12 +408,26 @@ class Stage3(ZeroStage):
                 for s in members:
                     s.unit.on_modified.append(self._refresh_master_from)
 
+    def _partition_target(self, key: int) -> Any:
+        """Where group ``key``'s updated values go: its flat partition, or with parameters on NVMe a
+        ``write(start, values)`` over its units' swap files."""
+        if self._pswap is None:
+            return self.parts[key]
+        members = [s for s in self.units if s.key == key]
+        units, offsets = [s.unit for s in members], [s.part_offset for s in members]
+        return lambda start, values: self._pswap.write_range(units, offsets, start, values)  # type: ignore[union-attr]
+
+    def _partition_values(self, key: int) -> torch.Tensor:
+        """Group ``key``'s partition (with parameters on NVMe: read back unit by unit, a copy)."""
+        if self._pswap is None:
+            return self.parts[key]
+        return torch.cat([self._pswap.read(s.unit) for s in self.units if s.key == key])
+
     def _refresh_master_from(self, unit: FlatUnit) -> None:
         s = self.by_unit[id(unit)]
         m = self.masters[s.key]
         if m is not None:
-            with torch.no_grad():
-                m.data[s.part_offset : s.part_offset + unit.chunk].copy_(unit.partition)
+            nvme_write_master(self._optimizer, m, s.part_offset, unit.partition)  # in swap under NVMe offload
 
     # ------------------------------------------------------------------ gathering policy
     def _fetch(self, s: _UnitState, *, async_op: bool = False) -> None:
@@ -434,6 +468,9 @@ class Stage3(ZeroStage):
 
     def _prefetch(self, mod: torch.nn.Module, direction: int) -> None:
         pos = self._trace_pos.get(mod)
+        if pos is not None and self._pswap is not None:  # start NVMe reads of the next units (buffer_count)
+            order = self._trace[pos + 1 :] if direction > 0 else self._trace[pos - 1 :: -1] if pos > 0 else []
+            self._pswap.prefetch(s.unit for m in order for s in self.module_units.get(m, []) if not s.unit.gathered)
         if pos is None or self.prefetch_bucket <= 0:
             return
         budget = self.prefetch_bucket
@@ -499,65 +536,10 @@ class Stage3(ZeroStage):
             self._fetch(s)
         self._prefetch(mod, -1)
 
-    def _grad_ready(self, p: torch.Tensor) -> None:
-        u = unit_of(p)
-        assert u is not None and p.grad is not None
-        s = self.by_unit[id(u)]
-        if s.staging is None:
-            s.staging = self._acquire(u)
-        k = next(i for i, q in enumerate(u.params) if q is p)
-        s.staging[u.offsets[k] : u.offsets[k] + u.numels[k]].copy_(p.grad.reshape(-1))
-        p.grad = None
-        s.ready += 1
-        if s.ready >= s.expected and self.overlap:
-            self._launch(s)
-
-    def _launch(self, s: _UnitState) -> None:
-        if s.launched:
-            return
-        while len(self._inflight) >= _MAX_INFLIGHT:
-            self._finish(*self._inflight.pop(0))
-        u = s.unit
-        if s.staging is None:
-            s.staging = self._acquire(u)
-        inp = s.staging
-        if self.world > 1 and self.compute_dtype == torch.float16:
-            inp.div_(self.world)
-        if self.use_reduce_scatter:
-            out = torch.empty(u.chunk, dtype=inp.dtype, device=inp.device)
-            h = self.coll.reduce_scatter(out, inp, async_op=True)
-        else:
-            h = self.coll.all_reduce(inp, async_op=True)
-            out = inp[self.rank * u.chunk : (self.rank + 1) * u.chunk]
-        s.launched = True
-        self._inflight.append((s, h, out))
-        self._in_use.discard(id(u))
-        self._release(s)
-
-    def _acquire(self, u: FlatUnit) -> torch.Tensor:
-        """A zeroed gradient staging buffer of ``u.padded`` elements, reused across micro steps (keeps
-        large allocations off the allocator's hot path)."""
-        pool = self._pool.get(u.padded)
-        if pool:
-            return pool.pop().zero_()
-        return torch.zeros(u.padded, dtype=self.compute_dtype, device=self.device)
-
-    def _recycle(self, s: _UnitState) -> None:
-        if s.staging is not None:
-            pool = self._pool.setdefault(s.unit.padded, [])
-            if len(pool) < _MAX_INFLIGHT:
-                pool.append(s.staging)
-            s.staging = None
-
-    def _finish(self, s: _UnitState, h: Handle, out: torch.Tensor | None) -> None:
-        h.wait()
-        g = self.master_grads[s.key][s.part_offset : s.part_offset + s.unit.chunk]
-        assert out is not None
-        if self._fresh:
-            g.copy_(out)
-        else:
-            g.add_(out)
-        self._recycle(s)
+    def _reduce_launched(self, b: ReduceBucket) -> None:
+        assert isinstance(b, UnitBucket)
+        self._in_use.discard(id(b.state.unit))
+        self._release(b.state)
 
     # ------------------------------------------------------------------ contract
     @property
@@ -592,20 +574,19 @@ class Stage3(ZeroStage):
                 self._trace = list(dict.fromkeys(self._recording))
                 self._trace_pos = {m: i for i, m in enumerate(self._trace)}
             self._recording = None
-        for s in self.units:
-            s.ready = 0
-            s.launched = False
-        loss.backward(retain_graph=retain_graph)
         timers = active_timers()
+        prescale = float(self.world) if self.world > 1 and self.compute_dtype == torch.float16 else 1.0
+        self.reducer.begin(launch=self.overlap, prescale=prescale, accumulate=not self._fresh, timed=timers is not None)
+        try:
+            loss.backward(retain_graph=retain_graph)
+        finally:
+            self.reducer.end()
         t0 = time.perf_counter()
         # every rank reduces every trainable unit once per micro step, in unit order for the rest
-        for s in self.units:
-            if s.trainable and not s.launched:
-                self._launch(s)
-        while self._inflight:
-            self._finish(*self._inflight.pop(0))
+        self.reducer.flush()
         if timers is not None:
             timers.add("backward.reduce_wait", time.perf_counter() - t0)
+            timers.add("backward.bucket", self.reducer.copy_seconds)
         self._fresh = False
         self._in_use.clear()
         for s in list(self._gathered.values()):
@@ -613,37 +594,23 @@ class Stage3(ZeroStage):
 
     def step(self) -> StepOutcome:
         """Unscale, overflow check, global-norm clip, optimizer step, refresh partitions, zero grads."""
-        if self._fresh:
-            for g in self.master_grads:
-                g.zero_()
-        timers = active_timers()
-        t0 = time.perf_counter()
-        scale = float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
-        divisor = scale * (1.0 if self.compute_dtype == torch.float16 else float(self.world))
-        flats = [g for g in self.master_grads if g.numel()]
-        norm, overflow = unscale_clip(flats, self.coll, divisor=divisor, clip=self.clip, check_overflow=self.check_overflow)
-        skip = self.loss_scaler.update(overflow) if self.loss_scaler is not None else overflow
-        if skip or overflow:
-            self.zero_grad()
-            return StepOutcome(applied=False, overflow=overflow, global_grad_norm=None)
-        t1 = time.perf_counter()
-        if self._optimizer is not None:
-            self._optimizer.step()
-            t2 = time.perf_counter()
-            self._masters_to_partitions()
-            if timers is not None:
-                timers.add("step.optimizer", t2 - t1)
-                timers.add("step.allgather", time.perf_counter() - t2)
-        if timers is not None:
-            timers.add("step.clip", t1 - t0)
-        self.zero_grad()
-        return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)  # type: ignore[arg-type]
+        return step_partitions(
+            self._optimizer, masters=[m for m in self.masters if m is not None], master_grads=self.master_grads, fresh=self._fresh,
+            comm=self.comm, precision=self.precision, loss_scaler=self.loss_scaler, clip=self.clip, world=self.world,
+            offload=self.offload_opt, publish=self._masters_to_partitions, zero_grad=self.zero_grad,
+        )
 
     @torch.no_grad()
     def _masters_to_partitions(self) -> None:
         for key, m in enumerate(self.masters):
-            if m is not None and m.data.data_ptr() != self.parts[key].data_ptr():
-                self.parts[key].copy_(m.data)
+            # an empty master is on NVMe: its step already wrote the partition
+            if m is None or not m.numel():
+                continue
+            target = self._partition_target(key)
+            if not isinstance(target, torch.Tensor):
+                target(0, m.data)
+            elif m.data.data_ptr() != target.data_ptr():
+                target.copy_(m.data)
         persistent = [s.unit for s in self.units if s.unit.persistent]
         for u in persistent:
             u.refresh(async_op=True)
@@ -652,14 +619,8 @@ class Stage3(ZeroStage):
 
     def zero_grad(self) -> None:
         """Drop accumulated gradient partitions (and any staged or per-parameter gradients)."""
-        while self._inflight:
-            s, h, _ = self._inflight.pop(0)
-            h.wait()
-            self._recycle(s)
+        self.reducer.reset()
         for s in self.units:
-            self._recycle(s)
-            s.launched = False
-            s.ready = 0
             for p in s.unit.params:
                 p.grad = None
         self._fresh = True
@@ -667,35 +628,33 @@ class Stage3(ZeroStage):
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Full tensors keyed by parameter name (collective: call on every rank)."""
-        state, groups, fp32 = optimizer_state_dict(self._optimizer, self._pairs, self.coll)
-        out: dict[str, Any] = {
-            "param_names": [n for lay in self.layouts for n in lay.names],
-            "state": state,
-            "param_groups": groups,
-            "fp32_params": fp32,
-        }
-        if self.loss_scaler is not None:
-            out["loss_scaler"] = self.loss_scaler.state_dict()
-        return out
+        with nvme_materialized(self._optimizer):
+            return partitioned_state_dict(self._optimizer, self._pairs, self.comm, self.loss_scaler)
 
-    @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
         """Re-partition a state saved at any world size (fp32 masters also refresh the partitions)."""
-        fp32 = state.get("fp32_params") if load_optimizer_states else None
-        if fp32:
-            for m, lay in self._pairs:
-                scatter_by_name(fp32, lay, self.rank, m.data)
-            self._masters_to_partitions()
-        else:
-            for key, m in enumerate(self.masters):
-                if m is not None and m.data.data_ptr() != self.parts[key].data_ptr():
-                    m.data.copy_(self.parts[key])
-        if not load_optimizer_states:
-            return
-        if self.loss_scaler is not None and "loss_scaler" in state:
-            self.loss_scaler.load_state_dict(state["loss_scaler"])
-        if self._optimizer is not None:
-            load_optimizer_state(self._optimizer, self._pairs, state, self.rank)
+        with nvme_materialized(self._optimizer, write_back=True):
+            self._load_state_dict(state, load_optimizer_states=load_optimizer_states)
+
+    def close(self) -> None:
+        """Remove the NVMe swap files (``offload_optimizer`` / ``offload_param`` on nvme; ``engine.close()``)."""
+        if self._nvme is not None:
+            self._nvme.close()
+        if self._pswap is not None:
+            self._pswap.close()
+
+    @torch.no_grad()
+    def _load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool) -> None:
+        load_partitioned_state(
+            state, opt=self._optimizer, pairs=self._pairs, rank=self.rank, loss_scaler=self.loss_scaler,
+            load_optimizer_states=load_optimizer_states,
+            masters_loaded=lambda loaded: self._masters_to_partitions() if loaded else self._partitions_to_masters(),
+        )
+
+    def _partitions_to_masters(self) -> None:
+        for key, m in enumerate(self.masters):
+            if m is not None and (key not in self.parts or m.data.data_ptr() != self.parts[key].data_ptr()):
+                m.data.copy_(self._partition_values(key))
 
     @torch.no_grad()
     def module_state_dict(self) -> dict[str, torch.Tensor]:
@@ -754,16 +713,15 @@ class Stage3(ZeroStage):
     def partition_bytes(self) -> dict[str, int]:
         """Bytes on this rank: optimizer state (+ separate fp32 masters), parameter partitions and
         persistent/live full units, fp32 gradient partitions."""
-        opt_bytes = 0
-        if self._optimizer is not None:
-            for st in self._optimizer.state.values():
-                opt_bytes += sum(v.numel() * v.element_size() for v in st.values() if torch.is_tensor(v))
+        opt_bytes = optimizer_state_bytes(self._optimizer)
         masters = sum(
             m.numel() * 4
             for key, m in enumerate(self.masters)
-            if m is not None and m.data.data_ptr() != self.parts[key].data_ptr()
+            if m is not None and (key not in self.parts or m.data.data_ptr() != self.parts[key].data_ptr())
         )
         params = sum(p.numel() * p.element_size() for p in self.parts.values())
+        if self._pswap is not None:  # resident unit partitions (persistent ones and the NVMe cache)
+            params += sum(s.unit.partition.numel() * s.unit.partition.element_size() for s in self.units)
         params += sum(s.unit.padded * s.unit.full.element_size() for s in self.units if s.unit.gathered)
         grads = sum(g.numel() * g.element_size() for g in self.master_grads)
         return {"optimizer_state": opt_bytes + masters, "parameters": params, "gradients": grads}
