@@ -15,6 +15,16 @@ and the best GB/s of each over ``--rounds`` rounds, and the op/dd ratios (target
 best-of figures show the device's capability when the machine is loaded). dd's time is the wall time of the process
 (a few ms of process start on hundreds of MiB). On a shared machine compare ratios, not absolute figures.
 
+Second part (skip with ``--no-offload``): ZeRO stage 2 on one rank with the optimizer offloaded to ``cpu``
+and to ``nvme`` (swap files in the same folder; ``sub_group_size`` 1M elements, ``reduce_bucket_size``
+4M, ``pipeline_read`` and ``pipeline_write``, ``buffer_count`` 4; the glibc policy NVMe offload applies,
+:func:`dscore_plugins.zero.stage3.apply_host_malloc_policy`, in both), for a stack of ``--layers`` Linear(``--hidden``) layers trained
+with AdamW on a micro-batch of 4 rows, so the optimizer state (fp32 master, exp_avg, exp_avg_sq: 12
+bytes per parameter) dominates memory. Each mode runs in a fresh process: one warm-up step (creates the
+state), then the peak-RSS counter is reset (``/proc/self/clear_refs``) and ``--steps`` steps are timed.
+Printed: median step time, peak RSS over those steps and RSS after them of each, the nvme/cpu ratios (RSS well below 1
+is the point of NVMe offload), and whether both ended with bit-identical weights.
+
 Usage: ``python bench/aio.py --size-mib 512 --rounds 5``
 """
 
@@ -81,6 +91,79 @@ def run(size_mib: int, rounds: int, folder: str, block_size: int, queue_depth: i
     return out
 
 
+_OFFLOAD_CHILD = r"""
+import hashlib, json, os, statistics, sys, time
+import torch
+import dscore
+from dscore_plugins.zero.stage3 import apply_host_malloc_policy
+
+apply_host_malloc_policy()  # what NVMe offload applies; here for both modes, so only the state differs
+mode, folder, hidden, layers, steps = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+stage = int(sys.argv[6])
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(hidden, hidden) for _ in range(layers)])
+offload = {"device": "cpu"}
+if mode != "cpu":
+    offload = {"device": "nvme", "nvme_path": folder, "pipeline_read": True, "pipeline_write": True, "buffer_count": 4}
+zero = {"stage": stage, "offload_optimizer": offload, "sub_group_size": 1_000_000, "reduce_bucket_size": 4_000_000}
+if stage == 3:  # parameters offloaded too: to the host, or (nvme) to swap files with 2 layers' worth resident
+    zero["offload_param"] = {"device": "cpu"} if mode == "cpu" else {
+        "device": "nvme", "nvme_path": folder, "max_in_cpu": 2 * (hidden * hidden + hidden), "buffer_count": 2}
+cfg = {
+    "train_micro_batch_size_per_gpu": 4,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    "zero_optimization": zero,
+}
+engine, *_ = dscore.initialize(model=model, config=cfg)
+x = torch.randn(4, hidden, generator=torch.Generator().manual_seed(1))
+
+
+def step():
+    engine.backward(engine(x).pow(2).mean())
+    engine.step()
+
+
+step()
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # reset the peak-RSS counter (VmHWM) to the current RSS
+times = []
+for _ in range(steps):
+    t0 = time.perf_counter()
+    step()
+    times.append(time.perf_counter() - t0)
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+rss = int(status["VmRSS"].split()[0]) * 1024
+weights = engine.module_state_dict()  # gathered (stage 3 releases the module's own parameters)
+digest = hashlib.sha256(b"".join(v.float().numpy().tobytes() for v in weights.values())).hexdigest()
+params = sum(v.numel() for v in weights.values())
+engine.close()
+print(json.dumps({"step_s": statistics.median(times), "peak_rss": int(status["VmHWM"].split()[0]) * 1024, "rss": rss,
+                  "params": params, "digest": digest}))
+"""
+
+
+def run_offload(folder: str, hidden: int, layers: int, steps: int, stage: int = 2) -> dict[str, dict[str, float]]:
+    """Step time and peak RSS of ZeRO optimizer offload to cpu and to nvme (one fresh process each); at
+    stage 3 the parameters are offloaded as well (cpu, nvme)."""
+    import json
+    import sys
+
+    from dscore.testing import find_free_port
+
+    out: dict[str, dict[str, float]] = {}
+    for mode in ("cpu", "nvme"):
+        env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()),
+                   DSCORE_SWAP_INDEX=os.path.join(folder, "swap_index"))  # keep the user's index clean
+        proc = subprocess.run([sys.executable, "-c", _OFFLOAD_CHILD, mode, folder, str(hidden), str(layers), str(steps),
+                               str(stage)],
+                              env=env, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"offload benchmark ({mode}) failed:\n{proc.stderr[-3000:]}")
+        out[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mib", type=int, default=512)
@@ -89,10 +172,17 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=1048576)
     parser.add_argument("--queue-depth", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1, help="aio intra_op_parallelism")
+    parser.add_argument("--no-offload", action="store_true", help="skip the ZeRO offload cpu-vs-nvme part")
+    parser.add_argument("--hidden", type=int, default=2048, help="offload part: width of each Linear layer")
+    parser.add_argument("--layers", type=int, default=8, help="offload part: number of Linear layers")
+    parser.add_argument("--steps", type=int, default=5, help="offload part: timed steps per mode")
+    parser.add_argument("--stage", type=int, default=2, choices=(1, 2, 3),
+                        help="offload part: ZeRO stage (3: parameters offloaded too, cpu vs nvme)")
     args = parser.parse_args()
     folder = args.dir or tempfile.mkdtemp(prefix="dscore_aio_bench_")
     try:
         r = run(args.size_mib, args.rounds, folder, args.block_size, args.queue_depth, args.threads)
+        off = None if args.no_offload else run_offload(folder, args.hidden, args.layers, args.steps, args.stage)
     finally:
         if args.dir is None:
             shutil.rmtree(folder, ignore_errors=True)
@@ -104,6 +194,17 @@ def main() -> None:
             print(f"{kind + ' ' + label:14}{r[f'dd_{kind}{suffix}_gbps']:>10.2f} GB/s"
                   f"{r[f'op_{kind}{suffix}_gbps']:>8.2f} GB/s{r[f'{kind}{suffix}_ratio']:>7.2f}x"
                   + ("  (target >= 0.90x)" if not suffix else ""))
+
+    if off is None:
+        return
+    cpu, nvme = off["cpu"], off["nvme"]
+    what = "optimizer and parameter" if args.stage == 3 else "optimizer"
+    print(f"\nZeRO-{args.stage} {what} offload, {cpu['params'] / 1e6:.1f}M parameters (AdamW), median of {args.steps} steps")
+    print(f"{'':14}{'cpu':>12}{'nvme':>12}{'nvme/cpu':>10}")
+    print(f"{'step time':14}{cpu['step_s']:>10.3f} s{nvme['step_s']:>10.3f} s{nvme['step_s'] / cpu['step_s']:>9.2f}x")
+    for key, label in (("peak_rss", "peak RSS"), ("rss", "RSS after")):
+        print(f"{label:14}{cpu[key] / 2**20:>8.0f} MiB{nvme[key] / 2**20:>8.0f} MiB{nvme[key] / cpu[key]:>9.2f}x")
+    print(f"weights after {args.steps + 1} steps bit-identical: {'yes' if cpu['digest'] == nvme['digest'] else 'NO'}")
 
 
 if __name__ == "__main__":

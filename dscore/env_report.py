@@ -75,6 +75,13 @@ def _shm() -> dict[str, Any]:
     return out
 
 
+def _swap() -> dict[str, Any]:
+    from dscore.swap_folders import find_stale_swap_folders, swap_index_path, swap_roots
+
+    return {"index": str(swap_index_path()), "roots": [str(p) for p in swap_roots()],
+            "stale": [str(p) for p in find_stale_swap_folders()]}
+
+
 def _registry() -> Any:
     from dscore.plugin_manager import create_plugin_manager
     from dscore.registry import Registry
@@ -106,7 +113,10 @@ def _ops(registry: Any) -> list[dict[str, Any]]:
         assert isinstance(spec, OpBuilderSpec)
         row: dict[str, Any] = {"name": spec.name, "device_types": list(spec.device_types),
                                "build_env_var": spec.build_env_var}
-        builder = _probe(lambda s=spec: op_builder_class(s.name, registry)())
+        def make(name: str = spec.name) -> Any:
+            return op_builder_class(name, registry)()
+
+        builder = _probe(make)
         if "error" in builder:
             row.update(compatible=False, reason=builder["error"], built=None, built_reason=builder["error"])
             rows.append(row)
@@ -130,7 +140,9 @@ def collect_report() -> dict[str, Any]:
     """Gather every item; each is ``{"value": ...}`` or ``{"value": None, "error": "..."}``.
 
     Returns:
-        ``{"dscore", "python", "torch", "cxx", "ninja", "nvcc", "cpu_simd", "shm", "accelerator", "ops"}``;
+        ``{"dscore", "python", "torch", "cxx", "ninja", "nvcc", "cpu_simd", "shm", "swap", "accelerator", "ops"}``
+        (``swap``: ``{"index", "roots", "stale"}``, NVMe-offload swap folders left by killed runs, see
+        :mod:`dscore.swap_folders`);
         ``ops`` holds a list of rows ``{name, device_types, build_env_var, compatible, reason, built, ...}``.
     """
     report: dict[str, Any] = {
@@ -142,6 +154,7 @@ def collect_report() -> dict[str, Any]:
         "nvcc": _probe(lambda: _tool("nvcc")),
         "cpu_simd": _probe(_cpu_simd),
         "shm": _probe(_shm),
+        "swap": _probe(_swap),
     }
     registry = _probe(_registry)
     if "error" in registry:
@@ -177,6 +190,11 @@ def format_report(report: dict[str, Any]) -> str:
         row(label, _show(report[key], lambda v: f"{v['version']} ({v['path']}, via {v['found_by']})"))
     row("cpu simd", _show(report["cpu_simd"], str))
     row("/dev/shm", _show(report["shm"], lambda v: f"{v['total_bytes'] / 2**30:.1f} GiB" + (f"  WARNING: {v['warning']}" if "warning" in v else "")))
+    row("nvme swap folders", _show(report["swap"], lambda v: (
+        f"{len(v['stale'])} stale (left by killed runs; safe to delete)" if v["stale"] else "no stale ones"
+    ) + f" under {len(v['roots'])} nvme_path(s) listed in {v['index']}"))
+    for path in (report["swap"].get("value") or {}).get("stale", []):
+        lines.append(f"{'':30}stale: {path}")
     row("accelerator", _show(report["accelerator"], lambda v: f"{v['name']} ({v['reason'].split('; skipped ')[0]})"))
     accelerator = report["accelerator"].get("value") or {}
     if "; skipped " in str(accelerator.get("reason", "")):

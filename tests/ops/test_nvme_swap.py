@@ -1,5 +1,6 @@
-"""NVMeSwapManager (plugins/dscore_plugins/zero/nvme_swap.py) on the real async_io op, on its own
-(not wired into the ZeRO stages yet)."""
+"""NVMeSwapManager (plugins/dscore_plugins/zero/nvme_swap.py) on the real async_io op, on its own (the
+ZeRO NVMe offload built on it is tested in test_nvme_optimizer.py, test_nvme_params.py and
+tests/distributed/test_nvme_offload.py)."""
 
 from __future__ import annotations
 

@@ -101,9 +101,17 @@ def aligned_empty(numel: int, dtype: Any = None, *, pin_memory: bool = False) ->
 
 
 def _load_module() -> Any:
-    from dscore_plugins.ops.aio_builder import AsyncIOBuilder
+    """The compiled async_io op, looked up like every op (the current runtime's registry, so a disabled
+    ops plugin is named in the error rather than bypassed)."""
+    from dscore.errors import OpBuildError
+    from dscore.ops import get_op_builder
 
-    return AsyncIOBuilder().load()
+    try:
+        return get_op_builder("async_io").load()
+    except OpBuildError:
+        raise
+    except DscoreError as exc:  # not registered / disabled: say which op and why
+        raise OpBuildError(f"cannot load op 'async_io': {exc}") from exc
 
 
 class AsyncIOHandle:

@@ -10,10 +10,11 @@ read-ahead buffers). All I/O goes through the ``async_io`` op (:class:`dscore_pl
 
 The rank folder holds an ``owner.json`` (pid, host, run id, creation time); :meth:`close` (also run at
 interpreter exit, and by ``with``) removes it and the run folder when no other rank uses it any more.
-:func:`find_stale_swap_folders` lists folders whose owner process is gone (a crashed run).
-
-Not wired into the ZeRO stages yet: ``offload_optimizer``/``offload_param`` with ``device: nvme`` are
-still refused by the config checks.
+SIGTERM (a launcher stopping the ranks of a failed job) removes the folders too, then ends the process
+as the signal's default action would, where no SIGTERM handler was installed before.
+:func:`find_stale_swap_folders` (:mod:`dscore.swap_folders`) lists folders whose owner process is gone
+(a crashed run). ZeRO's NVMe offload of optimizer state (:mod:`.nvme_optimizer`) and stage-3 parameters (:mod:`.nvme_params`)
+is built on this class.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
+import threading
 import time
 import uuid
 import weakref
@@ -31,12 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from dscore.errors import DscoreError
+from dscore.swap_folders import OWNER_FILE as _OWNER
+from dscore.swap_folders import SWAP_DIR_PREFIX, find_stale_swap_folders
 
 __all__ = ["NVMeSwapManager", "SwapEntry", "find_stale_swap_folders", "SWAP_DIR_PREFIX"]
-
-#: Name prefix of per-run swap folders.
-SWAP_DIR_PREFIX = "dscore-swap-"
-_OWNER = "owner.json"
 
 
 @dataclass(frozen=True)
@@ -50,46 +51,38 @@ class SwapEntry:
     nbytes: int
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def find_stale_swap_folders(folder: str | os.PathLike[str]) -> list[Path]:
-    """Rank folders under ``folder``'s ``dscore-swap-*`` run folders left by processes no longer running
-    on this host (a crashed or killed run); never raises for unreadable entries.
-
-    Returns:
-        The stale ``.../dscore-swap-<run>/rank<N>`` folders, sorted.
-    """
-    stale: list[Path] = []
-    root = Path(folder)
-    if not root.is_dir():
-        return stale
-    host = socket.gethostname()
-    for run in sorted(root.glob(SWAP_DIR_PREFIX + "*")):
-        for rank_dir in sorted(run.glob("rank*")):
-            try:
-                owner = json.loads((rank_dir / _OWNER).read_text())
-            except (OSError, ValueError):
-                stale.append(rank_dir)  # no owner record: nothing can be using it
-                continue
-            if owner.get("host") == host and not _pid_alive(int(owner.get("pid", 0))):
-                stale.append(rank_dir)
-    return stale
-
-
 def _remove_rank_folder(rank_dir: Path) -> None:
     shutil.rmtree(rank_dir, ignore_errors=True)
     try:
         rank_dir.parent.rmdir()  # the run folder, once the last rank is gone
     except OSError:
         pass
+
+
+# finalizers of open managers' folders, run by the SIGTERM handler below
+_OPEN_FOLDERS: set[weakref.finalize] = set()
+_sigterm_installed = False
+
+
+def _remove_open_folders_then_die(signum: int, frame: Any) -> None:
+    """SIGTERM (what a launcher sends every rank when one fails): remove the swap folders of this process,
+    then die of the signal as the default action would (same exit status for the launcher)."""
+    for fin in list(_OPEN_FOLDERS):
+        fin()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_sigterm_cleanup() -> None:
+    """Install :func:`_remove_open_folders_then_die` for SIGTERM once, only where nobody handles SIGTERM
+    (default action) and only from the main thread (Python's rule); a user's own handler is left alone
+    (if it exits normally, interpreter exit removes the folders)."""
+    global _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    _sigterm_installed = True
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _remove_open_folders_then_die)
 
 
 class NVMeSwapManager:
@@ -142,6 +135,8 @@ class NVMeSwapManager:
             raise AsyncIOError(exc.errno, f"cannot create the swap folder {self.folder}: {exc.strerror}",
                                str(self.folder), operation="mkdir", file_offset=0, nbytes=0) from None
         self._cleanup = weakref.finalize(self, _remove_rank_folder, self.folder)
+        _OPEN_FOLDERS.add(self._cleanup)
+        _install_sigterm_cleanup()
         try:
             self._reader = AsyncIOHandle.from_config(aio)
             self._writer = AsyncIOHandle.from_config(aio)
@@ -174,6 +169,18 @@ class NVMeSwapManager:
         except KeyError:
             held = ", ".join(self._entries) or "nothing"
             raise DscoreError(f"no tensor named {name!r} is swapped out (held: {held})") from None
+
+    def free_read_buffers(self) -> int:
+        """How many more tensors :meth:`prefetch` may read ahead now (``buffer_count`` minus those held)."""
+        return self.buffer_count - len(self._prefetched)
+
+    def is_prefetched(self, name: str) -> bool:
+        """Whether ``name`` was read ahead by :meth:`prefetch` and not swapped in yet."""
+        return name in self._prefetched
+
+    def pending_writes(self) -> int:
+        """Tensors whose asynchronous :meth:`swap_out` is queued and not yet waited for."""
+        return len(self._writing)
 
     def bytes_on_disk(self) -> int:
         """Total bytes of the swap files of this rank."""
@@ -233,15 +240,22 @@ class NVMeSwapManager:
         finally:
             self._writing.clear()
 
-    def prefetch(self, name: str) -> None:
-        """Start reading ``name`` into a fresh aligned buffer; a later :meth:`swap_in` returns it.
+    def prefetch(self, name: str, out: Any = None) -> None:
+        """Start reading ``name`` into ``out`` (a contiguous CPU tensor of its shape and dtype, reused
+        memory) or a fresh aligned buffer; a later :meth:`swap_in` returns that tensor.
 
         Raises:
-            DscoreError: ``name`` is unknown, or ``buffer_count`` read-ahead buffers are already taken.
+            DscoreError: ``name`` is unknown, ``out`` does not match, or ``buffer_count`` read-ahead
+                buffers are already taken.
             AsyncIOError: the read cannot be started (file missing or truncated).
         """
         self._check_open()
         entry = self.entry(name)
+        if out is not None and (tuple(out.shape) != entry.shape or out.dtype != entry.dtype):
+            raise DscoreError(
+                f"prefetch({name!r}): out has shape {tuple(out.shape)} and dtype {out.dtype}, the swapped tensor "
+                f"{entry.shape} and {entry.dtype}"
+            )
         if name in self._prefetched:
             return
         if len(self._prefetched) >= self.buffer_count:
@@ -251,7 +265,7 @@ class NVMeSwapManager:
             )
         if name in self._writing:
             self.wait_writes()
-        buf = self._new_buffer(entry)
+        buf = out if out is not None else self._new_buffer(entry)
         self._reader.async_pread(buf, entry.path, 0)
         self._prefetched[name] = buf
 
@@ -321,6 +335,7 @@ class NVMeSwapManager:
             self._writing.clear()
             self._entries.clear()
             self._cleanup()
+            _OPEN_FOLDERS.discard(self._cleanup)
 
     def __enter__(self) -> NVMeSwapManager:
         return self
