@@ -27,6 +27,7 @@ __all__ = [
     "zero",
     "comm",
     "checkpointing",
+    "pipe",
 ]
 
 # name -> "module:attribute" (attribute "" means the module itself)
@@ -37,10 +38,11 @@ _LAZY: dict[str, str] = {
     "zero": "dscore.zero:",
     "comm": "dscore.comm:",
     "checkpointing": "dscore.checkpointing:",
+    "pipe": "dscore.pipe:",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dscore import checkpointing, comm, zero
+    from dscore import checkpointing, comm, pipe, zero
     from dscore.comm.init import init_distributed
     from dscore.config.arguments import add_config_arguments
     from dscore.runtime.initialize import initialize

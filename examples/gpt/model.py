@@ -110,6 +110,15 @@ class GPT(nn.Module):
             return logits.float()
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
+    def pipeline_layers(self) -> list[nn.Module]:
+        """This model's modules at the positions of :func:`pipeline_layers` (for
+        ``dscore.pipe.load_into_layers``): an embedding stem sharing ``tok_emb``/``pos_emb``, the blocks,
+        ``ln_f``, and the stem again for the tied head."""
+        stem = nn.Module()
+        stem.tok_emb = self.tok_emb
+        stem.pos_emb = self.pos_emb
+        return [stem, *self.blocks, self.ln_f, stem]
+
     @torch.no_grad()
     def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 0.8, top_k: int = 40,
                  generator: torch.Generator | None = None) -> torch.Tensor:
@@ -122,3 +131,53 @@ class GPT(nn.Module):
             nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
             idx = torch.cat([idx, nxt], dim=1)
         return idx
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The same model as a pipeline (train.py --pipeline-stages N): layers for dscore.pipe.PipelineModule
+# ---------------------------------------------------------------------------------------------------------
+class EmbeddingStem(nn.Module):
+    """Token + position embeddings (GPT's first step); tied to the output head in the pipeline."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.pos_emb = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.apply(GPT._init_weights)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok_emb(idx) + self.pos_emb(pos)
+
+
+class PipeBlock(Block):
+    """A :class:`Block` initialised as :class:`GPT` initialises its blocks."""
+
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__(cfg)
+        self.apply(GPT._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight") or name.endswith("mlp.2.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+
+def tied_head(stem: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The output projection: logits against the token embedding (weight tying)."""
+    return x @ stem.tok_emb.weight.t()
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy in nats (the pipeline's ``loss_fn``)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def pipeline_layers(cfg: GPTConfig) -> list:
+    """GPT as layers for ``dscore.pipe.PipelineModule``: stem, blocks, final LayerNorm, tied head."""
+    from dscore.pipe import LayerSpec, TiedLayerSpec
+
+    return [
+        TiedLayerSpec("embed", EmbeddingStem, cfg),
+        *[LayerSpec(PipeBlock, cfg) for _ in range(cfg.n_layer)],
+        LayerSpec(nn.LayerNorm, cfg.n_embd),
+        TiedLayerSpec("embed", EmbeddingStem, cfg, forward_fn=tied_head),
+    ]

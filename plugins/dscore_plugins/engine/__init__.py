@@ -1,0 +1,1 @@
+"""Built-in engine plugins: the standard engine and the pipeline engine."""

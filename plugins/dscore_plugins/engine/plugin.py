@@ -1,0 +1,44 @@
+"""Manifest of the built-in engine plugin (torch-free: specs only).
+
+``standard`` builds :class:`dscore.runtime.engine.DscoreEngine` for any ``torch.nn.Module``;
+``pipeline`` builds :class:`dscore_plugins.engine.pipeline.PipelineEngine` for a
+:class:`dscore.pipe.PipelineModule` (higher priority, so it wins for those).
+"""
+
+from __future__ import annotations
+
+from dscore import hookimpl
+from dscore.specs import ConfigSectionSpec, EngineSpec
+
+
+@hookimpl
+def dscore_register_engines() -> list[EngineSpec]:
+    """The standard engine (first) and the pipeline engine (second)."""
+    return [
+        EngineSpec(
+            name="standard",
+            predicate="dscore_plugins.engine.standard:handles",
+            factory="dscore.runtime.initialize:build_standard_engine",
+            priority=0,
+            description="data parallelism with ZeRO stages 0-3 for any torch.nn.Module",
+        ),
+        EngineSpec(
+            name="pipeline",
+            predicate="dscore_plugins.engine.pipeline:handles",
+            factory="dscore_plugins.engine.pipeline:build_pipeline_engine",
+            priority=100,
+            description="pipeline parallelism (1F1B) x data parallelism for a dscore.pipe.PipelineModule",
+        ),
+    ]
+
+
+@hookimpl
+def dscore_register_config_sections() -> list[ConfigSectionSpec]:
+    """The ``pipeline`` section (model in :mod:`dscore_plugins.engine.config`)."""
+    return [
+        ConfigSectionSpec(
+            name="pipeline",
+            model="dscore_plugins.engine.config:PipelineConfig",
+            description="pipeline-parallel settings checked against the PipelineModule (DeepSpeed 0.19.8 keys)",
+        )
+    ]
