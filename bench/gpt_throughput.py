@@ -76,7 +76,8 @@ def _worker(variant: str, steps: int, warmup: int, profile: bool = False) -> dic
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ddp = DDP(model)
-        opt = torch.optim.AdamW(ddp.parameters(), lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+        opt = torch.optim.AdamW(ddp.parameters(), lr=LR, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                foreach=True)  # as dscore's AdamW (torch_adam) builds it
 
         def one_step(step: int) -> None:
             for m in range(GAS):

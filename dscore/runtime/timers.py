@@ -12,9 +12,9 @@ further by reading :func:`active_timers` (``None`` unless some engine in this pr
 * ``backward.reduce_launch``: launching asynchronous reductions (inside ``backward``);
 * ``backward.reduce_wait``: waiting for reductions still in flight when autograd is done;
 * ``step.clip``: global-norm computation, unscale and clip; ``step.optimizer``: the optimizer itself;
-* ``step.allgather``: launching (and, without overlap, waiting for) the parameter all-gather;
-* ``forward.allgather_wait``: forward pre-hooks waiting for parameters (deferred all-gather, stage 3
-  gathers and prefetches).
+* ``step.allgather``: launching and waiting for the parameter all-gather (stages 1-2 finish it inside
+  ``step`` so parameters are current when it returns; stage 3 copies into its partitions);
+* ``forward.allgather_wait``: stage-3 forward pre-hooks waiting for parameter gathers and prefetches.
 
 ``backward`` minus its sub-phases is autograd compute; sub-phases of one parent may overlap the
 parent's compute only in the sense that their time is spent on the same thread (there is one).
