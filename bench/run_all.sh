@@ -14,6 +14,7 @@ if [ "$quick" = 1 ]; then
   run bench/launcher_overhead.py --rounds 3
   run bench/aio.py --size-mib 128 --rounds 3
   run bench/activation_checkpointing.py --steps 3 --rounds 2
+  run bench/pipeline.py --rounds 2 --skip-ckpt
   run bench/gpt_throughput.py --steps 6 --rounds 1
   run bench/soak.py --runs 8
 else
@@ -24,6 +25,7 @@ else
   run bench/launcher_overhead.py
   run bench/aio.py
   run bench/activation_checkpointing.py
+  run bench/pipeline.py
   run bench/gpt_throughput.py
   run bench/soak.py --runs 200
 fi

@@ -33,11 +33,13 @@ import pluggy
 if TYPE_CHECKING:
     import argparse
 
+    from dscore.config.model import DscoreConfig
     from dscore.specs import (
         AcceleratorSpec,
         CommandSpec,
         CommBackendSpec,
         ConfigSectionSpec,
+        EngineSpec,
         LRSchedulerSpec,
         MonitorSpec,
         OpBuilderSpec,
@@ -97,13 +99,15 @@ def dscore_register_optimizers() -> Iterable[OptimizerSpec]:
 
     Called: once per plugin manager, on every rank and in the CLI.
     Combine: concatenated; duplicate names (case-insensitive, aliases included) are a conflict.
-    Must not: import torch; give the class as an import string.
+    Must not: import torch; give the factory as an import string. The factory is called as
+    ``factory(param_groups, ctx)`` with a :class:`dscore.protocols.OptimizerContext` whose ``section`` is
+    ``optimizer.params`` validated by ``params_model``.
 
     Example::
 
         @hookimpl
         def dscore_register_optimizers():
-            return [OptimizerSpec(name="sophia", factory="my_pkg.sophia:Sophia",
+            return [OptimizerSpec(name="sophia", factory="my_pkg.sophia:build_sophia",
                                   params_model="my_pkg.sophia_config:SophiaParams")]
     """
 
@@ -121,7 +125,7 @@ def dscore_register_lr_schedulers() -> Iterable[LRSchedulerSpec]:
         @hookimpl
         def dscore_register_lr_schedulers():
             return [LRSchedulerSpec(name="WarmupLR", aliases=("warmup_lr",),
-                                    factory="my_pkg.sched:WarmupLR")]
+                                    factory="my_pkg.sched:build_warmup_lr")]  # (optimizer, ctx)
     """
 
 
@@ -154,7 +158,7 @@ def dscore_register_precisions() -> Iterable[PrecisionSpec]:
 
         @hookimpl
         def dscore_register_precisions():
-            return [PrecisionSpec(name="fp16", config_key="fp16", factory="my_pkg.fp16:Fp16Mode")]
+            return [PrecisionSpec(name="fp16", config_key="fp16", factory="my_pkg.fp16:Fp16Mode")]  # (ctx)
     """
 
 
@@ -204,7 +208,7 @@ def dscore_register_monitors() -> Iterable[MonitorSpec]:
 
         @hookimpl
         def dscore_register_monitors():
-            return [MonitorSpec(name="csv", config_key="csv_monitor", factory="my_pkg.csv:CsvMonitor")]
+            return [MonitorSpec(name="csv", config_key="csv_monitor", factory="my_pkg.csv:build")]  # (ctx)
     """
 
 
@@ -222,6 +226,24 @@ def dscore_register_commands() -> Iterable[CommandSpec]:
         @hookimpl
         def dscore_register_commands():
             return [CommandSpec(name="hello", module="my_pkg.cli_hello", help="say hello")]
+    """
+
+
+@hookspec
+def dscore_register_engines() -> Iterable[EngineSpec]:
+    """Register training engines that ``dscore.initialize`` selects by a predicate over model and config.
+
+    Called: once per plugin manager, on every rank and in the CLI.
+    Combine: concatenated; duplicate names are a conflict. ``initialize`` builds the engine whose
+    ``predicate`` accepts the model and config, the highest ``priority`` among several (a tie is a conflict).
+    Must not: import torch; the predicate and factory are import strings.
+
+    Example::
+
+        @hookimpl
+        def dscore_register_engines():
+            return [EngineSpec(name="my_engine", predicate="my_pkg.engine:handles",
+                               factory="my_pkg.engine:build", priority=50)]
     """
 
 
@@ -247,7 +269,7 @@ def dscore_add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @hookspec(historic=True)
-def dscore_configure(config: Any) -> None:
+def dscore_configure(config: DscoreConfig) -> None:
     """Inspect the validated ds_config before the engine is built.
 
     Called: once per ``dscore.initialize`` on every rank, after the config was validated and the batch
@@ -357,6 +379,7 @@ REGISTRATION_HOOKS: dict[str, str] = {
     "dscore_register_config_sections": "config_section",
     "dscore_register_monitors": "monitor",
     "dscore_register_commands": "command",
+    "dscore_register_engines": "engine",
 }
 
 #: lifecycle hooks the engine calls only when some plugin implements them.

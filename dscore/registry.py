@@ -10,13 +10,13 @@ matches (or a :class:`~dscore.errors.PluginLoadError` when a broken plugin might
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from dscore.errors import ComponentNotFoundError, PluginConflictError, PluginLoadError, did_you_mean
+from dscore.errors import ComponentNotFoundError, ConfigError, PluginConflictError, PluginLoadError, did_you_mean
 from dscore.plugin_manager import DscorePluginManager, PluginRecord
-from dscore.specs import SPEC_KINDS, ComponentSpec, ZeroStageSpec
+from dscore.specs import SPEC_KINDS, ComponentSpec, EngineSpec, ZeroStageSpec, resolve
 
-__all__ = ["Registry"]
+__all__ = ["Registry", "disabled_message"]
 
 S = TypeVar("S", bound=ComponentSpec)
 
@@ -63,6 +63,41 @@ class Registry:
                 if len(records) > 1:
                     yield k, name, records
 
+    def load(self, spec: ComponentSpec, field: str = "factory") -> Any:
+        """Import the object named by the import string ``spec.<field>`` (``"pkg.mod:attr"``).
+
+        Use this rather than :func:`dscore.specs.resolve` wherever a registered spec's import string is
+        followed, so a typo or a broken plugin module names the plugin instead of raising a bare
+        ``ImportError``/``AttributeError``.
+
+        Args:
+            spec: a spec this registry holds (its provider is looked up for the message).
+            field: the spec attribute holding the import string (``"factory"``, ``"offload_factory"``).
+
+        Raises:
+            PluginLoadError: the string is malformed, its module cannot be imported, or the attribute does
+                not exist; the message names the plugin (distribution and version), the spec's kind and
+                name, the field and the import string, and chains the original error.
+        """
+        target = getattr(spec, field)
+        try:
+            return resolve(target)
+        except Exception as exc:  # noqa: BLE001 - any failure importing a plugin's module is the plugin's
+            try:
+                record: PluginRecord | None = self.provider(spec)
+            except KeyError:
+                record = None
+            who = f"plugin {record.label()}" if record is not None else "an unregistered spec"
+            raise PluginLoadError(
+                f"{who}: {spec.kind.replace('_', ' ')} {spec.name!r} has {field}={target!r}, which cannot be "
+                f"imported: {type(exc).__name__}: {exc}. Fix the import string in the plugin's spec "
+                "(it must look like 'package.module:attribute'), or disable the plugin with "
+                f"DSCORE_DISABLE_PLUGINS={record.name if record is not None else '<name>'}",
+                plugin=record.name if record is not None else "",
+                distribution=record.distribution if record is not None else "",
+                version=record.version if record is not None else "",
+            ) from exc
+
     # ---------------------------------------------------------------- lookup
     def get(self, kind: str, name: str, *, config_path: str = "") -> ComponentSpec:
         """Return the spec of ``kind`` called ``name`` (case-insensitive, aliases included).
@@ -91,14 +126,34 @@ class Registry:
         assert isinstance(spec, spec_type)
         return spec
 
-    def zero_stage(self, stage: int, *, config_path: str = "zero_optimization.stage") -> ZeroStageSpec:
-        """Return the ZeRO stage plugin for integer ``stage``.
+    def zero_stage(
+        self, stage: int, *, implementation: str | None = None, config_path: str = "zero_optimization.stage"
+    ) -> ZeroStageSpec:
+        """Return the ZeRO stage plugin for integer ``stage``: the spec named ``implementation`` when
+        given (``zero_optimization.implementation``), else the default spec registered for ``stage``.
 
         Raises:
-            PluginConflictError: two plugins register the same stage number.
-            ComponentNotFoundError / PluginLoadError: no plugin provides it.
+            ConfigError: ``implementation`` implements another stage than ``stage`` (both named).
+            PluginConflictError: two plugins register a default spec for the same stage number.
+            ComponentNotFoundError / PluginLoadError: no plugin provides it (installed names and close
+                matches listed).
         """
-        entries = [(s, r) for s, r in self._specs["zero_stage"] if isinstance(s, ZeroStageSpec) and s.stage == stage]
+        if implementation is not None:
+            spec = self.get("zero_stage", implementation, config_path="zero_optimization.implementation")
+            assert isinstance(spec, ZeroStageSpec)
+            if spec.stage != stage:
+                raise ConfigError(
+                    f"zero_optimization.implementation = {implementation!r} implements ZeRO stage {spec.stage}, "
+                    f"but zero_optimization.stage is {stage}; set the stage to {spec.stage} or pick an "
+                    f"implementation of stage {stage}: {', '.join(self._stage_names(stage)) or '(none)'}",
+                    path="zero_optimization.implementation",
+                )
+            return spec
+        entries: list[tuple[ComponentSpec, PluginRecord]] = [
+            (s, r)
+            for s, r in self._specs["zero_stage"]
+            if isinstance(s, ZeroStageSpec) and s.stage == stage and s.default
+        ]
         records = _unique_records(entries)
         if len(records) > 1:
             raise PluginConflictError(_conflict_message("zero_stage", f"stage {stage}", records))
@@ -108,9 +163,73 @@ class Registry:
             return spec
         raise self._not_found("zero_stage", str(stage), config_path)
 
+    def select_engine(self, model: object, config: object) -> EngineSpec:
+        """The engine spec whose predicate accepts ``model`` and ``config`` (highest ``priority`` wins).
+
+        Every engine's ``predicate`` is resolved and called as ``predicate(model, config)``.
+
+        Raises:
+            PluginConflictError: two engines accept the model at the same top priority (both named with
+                their plugins, and how to disable one).
+            PluginLoadError: a predicate cannot be imported, raises, or returns a non-bool (the plugin named).
+            ComponentNotFoundError: no engine accepts the model (lists the engines asked and the model type).
+        """
+        accepted: list[tuple[EngineSpec, PluginRecord]] = []
+        for spec, record in self._specs["engine"]:
+            assert isinstance(spec, EngineSpec)
+            try:
+                answer = resolve(spec.predicate)(model, config)
+            except Exception as exc:
+                raise PluginLoadError(
+                    f"plugin {record.label()}: engine {spec.name!r} predicate {spec.predicate!r} failed: "
+                    f"{type(exc).__name__}: {exc}",
+                    plugin=record.name,
+                    distribution=record.distribution,
+                    version=record.version,
+                ) from exc
+            if not isinstance(answer, bool):
+                raise PluginLoadError(
+                    f"plugin {record.label()}: engine {spec.name!r} predicate {spec.predicate!r} returned "
+                    f"{type(answer).__name__}, expected a bool",
+                    plugin=record.name,
+                    distribution=record.distribution,
+                    version=record.version,
+                )
+            if answer:
+                accepted.append((spec, record))
+        if not accepted:
+            asked = self.names("engine")
+            message = (
+                f"no engine handles a model of type {type(model).__name__}: "
+                f"engines asked: {', '.join(asked) if asked else '(none installed)'}. "
+            )
+            broken = self.manager.broken_records()
+            if broken:
+                message += "These plugins are broken and may provide one: " + "; ".join(
+                    f"{r.label()}: {r.error}" for r in broken
+                )
+                raise PluginLoadError(
+                    message, plugin=broken[0].name, distribution=broken[0].distribution, version=broken[0].version
+                )
+            message += "Install or enable a plugin registering an engine (see `dscore plugins list --kind engine`)."
+            raise ComponentNotFoundError(message, kind="engine", name=type(model).__name__, available=asked, suggestions=[])
+        top = max(spec.priority for spec, _ in accepted)
+        best = [(s, r) for s, r in accepted if s.priority == top]
+        if len(best) > 1:
+            names = ", ".join(f"{s.name} ({r.label()})" for s, r in best)
+            raise PluginConflictError(
+                f"engines {names} all accept a model of type {type(model).__name__} at priority {top}; "
+                "give one a higher EngineSpec.priority or disable the others with DSCORE_DISABLE_PLUGINS=<name> "
+                'or "plugins": {"disable": [...]} in ds_config'
+            )
+        return best[0][0]
+
+    def _stage_names(self, stage: int) -> list[str]:
+        return sorted(s.name for s in self.specs("zero_stage") if isinstance(s, ZeroStageSpec) and s.stage == stage)
+
     def _not_found(self, kind: str, name: str, config_path: str) -> Exception:
         available = self.names(kind)
-        if kind == "zero_stage":
+        if kind == "zero_stage" and config_path != "zero_optimization.implementation":
             available = sorted(str(s.stage) for s in self.specs(kind) if isinstance(s, ZeroStageSpec))
         suggestions = did_you_mean(name, available)
         where = f"{config_path} = {name!r}" if config_path else repr(name)
@@ -127,8 +246,39 @@ class Registry:
             return PluginLoadError(
                 " ".join(lines), plugin=broken[0].name, distribution=broken[0].distribution, version=broken[0].version
             )
+        disabled = self.manager.disabled_providers(kind, name)
+        if disabled:
+            return ComponentNotFoundError(
+                disabled_message(kind, where, disabled), kind=kind, name=name, available=available, suggestions=suggestions
+            )
         lines.append("A plugin providing it may not be installed (see `dscore plugins list`).")
         return ComponentNotFoundError(" ".join(lines), kind=kind, name=name, available=available, suggestions=suggestions)
+
+
+_KIND_WORDS = {"config_section": "ds_config section"}
+
+
+def disabled_message(kind: str, what: str, records: list[PluginRecord]) -> str:
+    """"<kind> <what> is provided by the installed plugin X, which is disabled ..." with how to enable it.
+
+    Args:
+        kind: a spec kind (``"optimizer"``, ``"config_section"``).
+        what: the name as the message should show it (``"optimizer.type = 'OnlyA'"``).
+        records: the disabled providers (from :meth:`DscorePluginManager.disabled_providers`).
+    """
+    labels = ", ".join(r.label() for r in records)
+    names = ",".join(r.name for r in records)
+    plural = "s" if len(records) > 1 else ""
+    if all("AUTOLOAD" in r.error for r in records):
+        why = "DSCORE_DISABLE_PLUGIN_AUTOLOAD is set and it is not in DSCORE_PLUGINS"
+        how = f"add it to DSCORE_PLUGINS (DSCORE_PLUGINS={names}) or unset DSCORE_DISABLE_PLUGIN_AUTOLOAD"
+    else:
+        why = "by DSCORE_DISABLE_PLUGINS or the config's plugins.disable"
+        how = f"remove {names} from DSCORE_DISABLE_PLUGINS and from plugins.disable in ds_config"
+    return (
+        f"{_KIND_WORDS.get(kind, kind.replace('_', ' '))} {what} is provided by the installed plugin{plural} {labels}, which "
+        f"{'are' if plural else 'is'} disabled ({why}). To use it, {how}."
+    )
 
 
 def _unique_records(entries: list[tuple[ComponentSpec, PluginRecord]]) -> list[PluginRecord]:

@@ -28,6 +28,7 @@ __all__ = [
     "ConfigSectionSpec",
     "MonitorSpec",
     "CommandSpec",
+    "EngineSpec",
     "SPEC_KINDS",
     "resolve",
 ]
@@ -109,13 +110,28 @@ class CommBackendSpec(ComponentSpec):
 class OptimizerSpec(ComponentSpec):
     """An optimizer selected by ``optimizer.type``.
 
+    Capabilities are declared here, once; dscore never guesses them from class names.
+
     Attributes:
-        factory: import string of ``factory(params, **optimizer_params) -> torch.optim.Optimizer``.
-        params_model: import string of a pydantic model validating ``optimizer.params`` (torch-free).
-        offload_capable: True when the optimizer steps on CPU tensors (usable with ZeRO offload).
+        factory: import string of ``factory(param_groups: list[dict], ctx: OptimizerContext[Params]) ->
+            torch.optim.Optimizer`` (:class:`dscore.protocols.OptimizerContext`; ``ctx.section`` is
+            ``optimizer.params`` validated by ``params_model``).
+        params_model: import string of a pydantic model validating ``optimizer.params`` (torch-free). It
+            holds the optimizer's defaults; without one the factory gets
+            :class:`dscore.protocols.OpaqueParams`.
+        offload_capable: True when ``optimizer.type`` may be used with ZeRO optimizer offload (its optimizer
+            steps fp32 CPU tensors — through ``offload_factory`` when that is set).
         offload_factory: import string of the factory used instead of ``factory`` under ZeRO optimizer
-            offload (same arguments), or None to use ``factory`` there too. DeepSpeed swaps ``Adam`` for its
+            offload (same signature), or None to use ``factory`` there too. DeepSpeed swaps ``Adam`` for its
             CPU Adam op under offload; this is how a plugin expresses that swap.
+        zero_supported: True when the optimizer is correct over ZeRO partitions (element-wise update, no
+            cross-parameter state): DeepSpeed's ``ZERO_SUPPORTED_OPTIMIZERS``. A *client* optimizer under
+            ZeRO stages 1-3 whose exact class is in ``classes`` of such a spec needs no
+            ``zero_allow_untested_optimizer``.
+        classes: import strings of the exact optimizer classes ``factory`` builds (``"torch.optim:AdamW"``).
+            Client optimizers (instances or callable results) are matched against them, by exact class, to
+            apply ``zero_supported`` and — for specs that are ``offload_capable`` without an
+            ``offload_factory`` — offload capability.
     """
 
     kind: ClassVar[str] = "optimizer"
@@ -123,6 +139,8 @@ class OptimizerSpec(ComponentSpec):
     params_model: str | None = None
     offload_capable: bool = False
     offload_factory: str | None = None
+    zero_supported: bool = False
+    classes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,8 +148,9 @@ class LRSchedulerSpec(ComponentSpec):
     """An LR scheduler selected by ``scheduler.type``.
 
     Attributes:
-        factory: import string of ``factory(optimizer, **scheduler_params)`` returning an object with
-            ``step()``, ``get_last_lr()``, ``state_dict()``, ``load_state_dict()``.
+        factory: import string of ``factory(optimizer, ctx: SchedulerContext[Params])`` returning an object
+            with ``step()``, ``get_last_lr()``, ``state_dict()``, ``load_state_dict()``
+            (:class:`dscore.protocols.SchedulerContext`; ``ctx.section`` is the validated ``scheduler.params``).
         params_model: import string of a pydantic model validating ``scheduler.params`` (torch-free).
     """
 
@@ -142,17 +161,22 @@ class LRSchedulerSpec(ComponentSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class ZeroStageSpec(ComponentSpec):
-    """A ZeRO stage selected by ``zero_optimization.stage``.
+    """A ZeRO stage implementation, selected by ``zero_optimization.stage`` (and ``.implementation``).
 
     Attributes:
-        stage: the integer stage (0-3) users write in the config.
-        factory: import string of the class the engine instantiates to own gradient reduction and the
-            optimizer step (see ``dscore.runtime`` for the contract).
+        stage: the ZeRO level (0-3) it implements: the config's ``zero_optimization.stage`` it serves and
+            what the engine's checks and the checkpoint layout assume.
+        factory: import string of the :class:`dscore.protocols.ZeroStage` class the engine instantiates
+            as ``cls(ctx: ZeroStageContext)``.
+        default: True when it is the implementation used for its ``stage`` unless
+            ``zero_optimization.implementation`` names another (two default specs for one stage from
+            different plugins are a conflict). A third-party variant sets False and is chosen by name.
     """
 
     kind: ClassVar[str] = "zero_stage"
     stage: int
     factory: str
+    default: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,7 +185,9 @@ class PrecisionSpec(ComponentSpec):
 
     Attributes:
         config_key: the top-level config block that enables it (``"fp16"``), or ``None`` for the default.
-        factory: import string of the precision-mode class the engine instantiates.
+        factory: import string of ``factory(ctx: PrecisionContext[Section | None]) -> PrecisionMode``
+            (:class:`dscore.protocols.PrecisionContext`; ``ctx.section`` is the validated ``config_key``
+            block, None for the default mode).
     """
 
     kind: ClassVar[str] = "precision"
@@ -206,8 +232,9 @@ class MonitorSpec(ComponentSpec):
 
     Attributes:
         config_key: the top-level config block that configures and enables it (``"csv_monitor"``).
-        factory: import string of ``factory(section_config, rank) -> monitor`` with
-            ``write_events(list[tuple[str, float, int]])`` and ``close()``.
+        factory: import string of ``factory(ctx: MonitorContext[Section]) -> monitor`` with
+            ``write_events(list[tuple[str, float, int]])`` and ``close()`` (``ctx.section`` is the validated
+            ``config_key`` block, ``ctx.rank`` the global rank).
     """
 
     kind: ClassVar[str] = "monitor"
@@ -231,6 +258,34 @@ class CommandSpec(ComponentSpec):
     help: str = ""
 
 
+@dataclass(frozen=True, kw_only=True)
+class EngineSpec(ComponentSpec):
+    """A training engine that ``dscore.initialize`` may build (the standard engine, the pipeline engine).
+
+    ``dscore.initialize`` asks every engine's ``predicate`` whether it handles the model and the validated
+    config and builds the one that does (DeepSpeed picks ``PipelineEngine`` for a ``PipelineModule`` and
+    ``DeepSpeedEngine`` otherwise). Among several that answer yes, the highest ``priority`` wins; a tie at
+    the top is a :class:`~dscore.errors.PluginConflictError`; none is a
+    :class:`~dscore.errors.ComponentNotFoundError` listing the engines asked.
+
+    Attributes:
+        predicate: import string of ``predicate(model, config) -> bool``: True when this engine handles
+            ``model`` (the user's module) with ``config`` (the validated ``DscoreConfig``). Must be cheap
+            and side-effect free (no collectives).
+        factory: import string of ``factory(ctx: dscore.protocols.EngineContext) -> engine`` returning the
+            engine object ``dscore.initialize`` returns first (it must have ``optimizer``,
+            ``training_dataloader`` and ``lr_scheduler`` attributes).
+        priority: ties between engines that all accept a model are broken by the highest priority
+            (the standard engine is 0, the pipeline engine 100: a pipeline model goes to the pipeline
+            engine even though the standard engine's predicate accepts any module).
+    """
+
+    kind: ClassVar[str] = "engine"
+    predicate: str
+    factory: str
+    priority: int = 0
+
+
 #: kind name -> spec class, in the order ``dscore plugins list`` shows them.
 SPEC_KINDS: dict[str, type[ComponentSpec]] = {
     cls.kind: cls
@@ -245,5 +300,6 @@ SPEC_KINDS: dict[str, type[ComponentSpec]] = {
         ConfigSectionSpec,
         MonitorSpec,
         CommandSpec,
+        EngineSpec,
     )
 }

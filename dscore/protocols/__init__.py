@@ -9,8 +9,15 @@ Kinds and their contracts:
 * every kind: :func:`hookimpl` and the ``*Spec`` records (:mod:`dscore.specs`), the error types
   (:mod:`dscore.errors`), config section base types (:mod:`dscore.config.base`);
 * ZeRO stage: :class:`ZeroStage`, :class:`ZeroStageContext`, :class:`StepOutcome` (:mod:`dscore.protocols.zero`);
+  its building blocks: :class:`GradientReducer`, :class:`ReduceBucket` and the partition helpers (:mod:`dscore.zero`);
+* factories of the optimizer, lr_scheduler, precision and monitor kinds: :class:`OptimizerContext`,
+  :class:`SchedulerContext`, :class:`PrecisionContext`, :class:`MonitorContext` (all
+  :class:`PluginContext`), :class:`OpaqueParams`, :class:`TorchClassParams` (:mod:`dscore.protocols.context`);
 * precision: :class:`PrecisionMode`, :class:`LossScaler` (:mod:`dscore.protocols.precision`);
-* collectives: :class:`Comm` — every collective in dscore goes through it (:mod:`dscore.comm`);
+* engine: :class:`Engine`, :class:`EngineContext`, the base class :class:`DscoreEngine`
+  (:mod:`dscore.protocols.engine`);
+* collectives: :class:`Comm` — every collective in dscore goes through it — and its async :class:`Work`
+  handles (:mod:`dscore.comm`);
 * accelerator: :class:`Accelerator`, :class:`ProbeResult` (:mod:`dscore.accelerator`).
 """
 
@@ -26,11 +33,26 @@ _LAZY: dict[str, str] = {
     "ZeroStage": "dscore.protocols.zero:ZeroStage",
     "ZeroStageContext": "dscore.protocols.zero:ZeroStageContext",
     "StepOutcome": "dscore.protocols.zero:StepOutcome",
+    "GradientReducer": "dscore.zero.reducer:GradientReducer",
+    "ReduceBucket": "dscore.zero.reducer:ReduceBucket",
     # precision
     "PrecisionMode": "dscore.protocols.precision:PrecisionMode",
     "LossScaler": "dscore.protocols.precision:LossScaler",
+    # per-kind factory contexts
+    "PluginContext": "dscore.protocols.context:PluginContext",
+    "OptimizerContext": "dscore.protocols.context:OptimizerContext",
+    "SchedulerContext": "dscore.protocols.context:SchedulerContext",
+    "PrecisionContext": "dscore.protocols.context:PrecisionContext",
+    "MonitorContext": "dscore.protocols.context:MonitorContext",
+    "OpaqueParams": "dscore.protocols.context:OpaqueParams",
+    "TorchClassParams": "dscore.protocols.context:TorchClassParams",
+    # engine
+    "Engine": "dscore.protocols.engine:Engine",
+    "EngineContext": "dscore.protocols.engine:EngineContext",
+    "DscoreEngine": "dscore.runtime.engine:DscoreEngine",
     # collectives
     "Comm": "dscore.comm.facade:Comm",
+    "Work": "dscore.comm.facade:Work",
     # accelerator
     "Accelerator": "dscore.accelerator.base:Accelerator",
     "ProbeResult": "dscore.accelerator.base:ProbeResult",
@@ -39,10 +61,23 @@ _LAZY: dict[str, str] = {
 __all__ = [
     "Accelerator",
     "Comm",
+    "DscoreEngine",
+    "Engine",
+    "EngineContext",
+    "GradientReducer",
     "LossScaler",
+    "MonitorContext",
+    "OpaqueParams",
+    "OptimizerContext",
+    "PluginContext",
+    "PrecisionContext",
     "PrecisionMode",
     "ProbeResult",
+    "ReduceBucket",
+    "SchedulerContext",
     "StepOutcome",
+    "TorchClassParams",
+    "Work",
     "ZeroStage",
     "ZeroStageContext",
     "hookimpl",
@@ -50,10 +85,22 @@ __all__ = [
 
 if TYPE_CHECKING:  # pragma: no cover
     from dscore.accelerator.base import Accelerator, ProbeResult
-    from dscore.comm.facade import Comm
+    from dscore.comm.facade import Comm, Work
     from dscore.hookspecs import hookimpl
+    from dscore.protocols.context import (
+        MonitorContext,
+        OpaqueParams,
+        OptimizerContext,
+        PluginContext,
+        PrecisionContext,
+        SchedulerContext,
+        TorchClassParams,
+    )
+    from dscore.protocols.engine import Engine, EngineContext
     from dscore.protocols.precision import LossScaler, PrecisionMode
     from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
+    from dscore.runtime.engine import DscoreEngine
+    from dscore.zero.reducer import GradientReducer, ReduceBucket
 
 
 def __getattr__(name: str) -> Any:

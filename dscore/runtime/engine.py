@@ -45,15 +45,20 @@ import logging
 import random
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dscore.errors import DscoreError
-from dscore.runtime.logging_utils import log_rank0
-from dscore.runtime.timers import PhaseTimers
 from dscore.protocols.precision import LossScaler, PrecisionMode
 from dscore.protocols.zero import ZeroStage
+from dscore.runtime.context import runtime_scoped
+from dscore.runtime.logging_utils import log_rank0
+from dscore.runtime.timers import PhaseTimers
+
+if TYPE_CHECKING:
+    from dscore.config.model import DscoreConfig
+    from dscore.runtime.runtime import Runtime
 
 __all__ = ["DscoreEngine", "EngineError"]
 
@@ -93,8 +98,8 @@ class DscoreEngine(torch.nn.Module):
         self,
         *,
         module: torch.nn.Module,
-        config: Any,
-        runtime: Any,
+        config: DscoreConfig,
+        runtime: Runtime,
         zero_stage: ZeroStage,
         precision: PrecisionMode,
         loss_scaler: LossScaler | None,
@@ -125,7 +130,7 @@ class DscoreEngine(torch.nn.Module):
         self._gas = int(config.gradient_accumulation_steps)
         self._train_batch_size = int(config.train_batch_size)
         self._micro_batch_size = int(config.train_micro_batch_size_per_gpu)
-        self._managed = bool(getattr(config, "managed_gradient_accumulation", True))
+        self._managed = bool(config.managed_gradient_accumulation)
         self._boundary_override: bool | None = None
         self._inside_step = False
         self._in_no_sync = False
@@ -133,10 +138,10 @@ class DscoreEngine(torch.nn.Module):
         self._global_grad_norm: float | torch.Tensor | None = None
         self._backwards_since_step = 0
 
-        self._steps_per_print = getattr(config, "steps_per_print", None) or 0
-        fp16 = config.section("fp16") if hasattr(config, "section") else None
+        self._steps_per_print = config.steps_per_print or 0
+        fp16 = config.section("fp16", None)
         self._auto_cast_dtype = precision.compute_dtype if getattr(fp16, "auto_cast", False) else None
-        self._timers = PhaseTimers(self._synchronize) if bool(getattr(config, "wall_clock_breakdown", False)) else None
+        self._timers = PhaseTimers(self._synchronize) if config.wall_clock_breakdown else None
         if self._timers is not None:
             self._timers.activate()  # ZeRO stages add their sub-phases (dscore.runtime.timers.active_timers)
         # Losses are accumulated (as tensors, no device sync) only when someone reads them.
@@ -200,7 +205,7 @@ class DscoreEngine(torch.nn.Module):
     # DeepSpeed's config accessors and attributes that scripts and integrations (HF Trainer, Accelerate,
     # Lightning) read; each answers from the validated config. See docs/engine-api.md.
     def _section(self, key: str) -> Any:
-        return self.config.section(key) if hasattr(self.config, "section") else getattr(self.config, key, None)
+        return self.config.section(key, None)
 
     def _zero_offload_device(self, which: str) -> str:
         off = getattr(self._section("zero_optimization"), which, None)
@@ -393,6 +398,7 @@ class DscoreEngine(torch.nn.Module):
         self.runtime.accelerator.synchronize()
 
     # ------------------------------------------------------------------ forward
+    @runtime_scoped
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Call the module. With ``fp16.auto_cast`` floating-point tensor inputs are cast to fp16 first."""
         if self._auto_cast_dtype is not None:
@@ -443,6 +449,7 @@ class DscoreEngine(torch.nn.Module):
             self._in_no_sync = False
 
     # ------------------------------------------------------------------ backward / step
+    @runtime_scoped
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backward for one micro step.
 
@@ -483,6 +490,7 @@ class DscoreEngine(torch.nn.Module):
             timers.stop(BACKWARD)
         return scaled
 
+    @runtime_scoped
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         """Advance one micro step; at the boundary run the optimizer step (see module docstring).
 
@@ -535,10 +543,10 @@ class DscoreEngine(torch.nn.Module):
             timers.stop(STEP)
         if self._track_loss:
             self._report()
-        if self._after_step_hook:
+        if self._after_step_hook and self._pm is not None:
             self._pm.call("dscore_after_optimizer_step", engine=self, step_applied=outcome.applied)
 
-    def zero_grad(self) -> None:
+    def zero_grad(self) -> None:  # type: ignore[override]  # DeepSpeed's engine.zero_grad() takes no argument
         """Drop accumulated gradients without stepping."""
         self.zero_stage_impl.zero_grad()
 
@@ -696,8 +704,8 @@ class DscoreEngine(torch.nn.Module):
         self._track_loss = self.global_rank == 0 and bool(self._steps_per_print)
 
     def close(self) -> None:
-        """Release what the engine holds: flush and close monitors, then return its lease on the
-        process group. Idempotent; the engine must not be used for training afterwards.
+        """Release what the engine holds: the ZeRO stage's resources (NVMe swap files), monitors, then
+        its lease on the process group. Idempotent; the engine must not be used for training afterwards.
 
         The process group is destroyed here only when dscore created it for an engine
         (``dscore.initialize`` made the group) and this was the last open engine using it; a group
@@ -710,6 +718,7 @@ class DscoreEngine(torch.nn.Module):
         self._closed = True
         self._warn_pending_gradients("engine.close()")
         try:
+            self.zero_stage_impl.close()  # e.g. removes NVMe swap files
             self.close_monitors()
         finally:
             if self._holds_group:

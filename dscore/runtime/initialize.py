@@ -27,19 +27,24 @@ import argparse
 import logging
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dscore.errors import ConfigError, DscoreError
+from dscore.errors import ConfigError, DscoreError, PluginLoadError, PluginValidationError
 from dscore.plugin_manager import create_plugin_manager
+from dscore.protocols.precision import PrecisionMode
+from dscore.protocols.zero import ZeroStage, ZeroStageContext
 from dscore.registry import Registry
 from dscore.runtime.dataloader import DscoreDataLoader
 from dscore.runtime.engine import DscoreEngine
 from dscore.runtime.optimizer_builder import build_lr_scheduler, choose_optimizer
-from dscore.protocols.precision import PrecisionMode
-from dscore.protocols.zero import ZeroStage, ZeroStageContext
-from dscore.specs import MonitorSpec, PrecisionSpec, resolve
+from dscore.specs import MonitorSpec, PrecisionSpec
+
+if TYPE_CHECKING:
+    from dscore.accelerator import Accelerator
+    from dscore.config.model import DscoreConfig
+    from dscore.runtime.runtime import Runtime
 
 __all__ = ["initialize", "InitializeError"]
 
@@ -130,6 +135,11 @@ def initialize(
     manager.check_healthy()
     registry = Registry(manager)
     world_size, world_source = _data_parallel_world_size(distributed_port)
+    mpu_of = getattr(model, "mpu", None)
+    model_grid = mpu_of() if callable(mpu_of) else None  # a pipeline model's topology
+    if model_grid is not None and hasattr(model_grid, "get_data_parallel_world_size"):
+        world_size = int(model_grid.get_data_parallel_world_size())
+        world_source = f"the data-parallel size {world_size} of the model's pipeline topology"
     cfg = load_config(
         data,
         world_size=world_size,
@@ -161,9 +171,16 @@ def initialize(
     from dscore.runtime.context import use_runtime
 
     with use_runtime(runtime):
-        return _assemble(
-            runtime,
-            cfg,
+        # engines are plugins: the one whose predicate accepts the model (highest priority) builds itself
+        from dscore.protocols.engine import EngineContext
+
+        # historic hook: plugins registered later still receive it (pluggy refuses a plain call)
+        if manager.has_implementations("dscore_configure"):
+            manager.pm.hook.dscore_configure.call_historic(kwargs={"config": cfg})
+        engine_spec = registry.select_engine(model, cfg)
+        engine_ctx = EngineContext(
+            config=cfg,
+            runtime=runtime,
             model=model,
             client_optimizer=optimizer,
             model_parameters=model_parameters,
@@ -171,11 +188,35 @@ def initialize(
             client_lr_scheduler=lr_scheduler,
             collate_fn=collate_fn,
         )
+        engine = registry.load(engine_spec)(engine_ctx)
+        log.info("engine %s built (%s)", engine_spec.name, type(engine).__name__)
+        runtime.plugin_manager.call("dscore_engine_created", engine=engine)
+        return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def build_standard_engine(ctx: Any) -> DscoreEngine:
+    """The standard engine's factory (registered by the built-in ``engine`` plugin as ``standard``).
+
+    Builds the :class:`DscoreEngine` for any ``torch.nn.Module`` from an
+    :class:`dscore.protocols.EngineContext`: precision, optimizer, ZeRO stage, LR scheduler, data
+    loader and monitors (see the module docstring for the order).
+    """
+    engine, _, _, _ = _assemble(
+        ctx.runtime,
+        ctx.config,
+        model=ctx.model,
+        client_optimizer=ctx.client_optimizer,
+        model_parameters=ctx.model_parameters,
+        training_data=ctx.training_data,
+        client_lr_scheduler=ctx.client_lr_scheduler,
+        collate_fn=ctx.collate_fn,
+    )
+    return engine
 
 
 def _assemble(
-    runtime: Any,
-    cfg: Any,
+    runtime: Runtime,
+    cfg: DscoreConfig,
     *,
     model: torch.nn.Module,
     client_optimizer: Any,
@@ -184,10 +225,7 @@ def _assemble(
     client_lr_scheduler: Any,
     collate_fn: Any,
 ) -> tuple[DscoreEngine, Any, Any, Any]:
-    manager, registry, accelerator, comm = runtime.plugin_manager, runtime.registry, runtime.accelerator, runtime.comm
-    # historic hook: plugins registered later still receive it (pluggy refuses a plain call)
-    if manager.has_implementations("dscore_configure"):
-        manager.pm.hook.dscore_configure.call_historic(kwargs={"config": cfg})
+    registry, accelerator, comm = runtime.registry, runtime.accelerator, runtime.comm
     rank = int(comm.get_rank())
     dp_world = int(comm.get_world_size())
 
@@ -200,28 +238,17 @@ def _assemble(
     loss_scaler = precision.make_loss_scaler(zero_stage=stage_number)
 
     # 5. optimizer, ZeRO stage, scheduler
-    param_groups = _param_groups(module, model_parameters, client_optimizer)
     choice = choose_optimizer(cfg, registry, client_optimizer)
-    if stage_number in (1, 2) and not choice.has_optimizer:
-        raise ConfigError(
-            f"ZeRO stage {stage_number} requires an optimizer (it partitions optimizer state): set optimizer.type "
-            "in ds_config or pass optimizer= to dscore.initialize, or use zero_optimization.stage 0 or 3",
-            path="zero_optimization.stage",
-        )
-    stage_spec = registry.zero_stage(stage_number)
-    stage_cls = resolve(stage_spec.factory)
-    ctx = ZeroStageContext(
+    zero_stage = _build_zero_stage(
+        runtime,
+        cfg,
         module=module,
-        param_groups=param_groups,
-        client_optimizer=choice.client_optimizer,
-        optimizer_factory=choice.factory,
-        config=cfg,
-        comm=comm,
-        accelerator=accelerator,
+        model_parameters=model_parameters,
+        client_optimizer=client_optimizer,
         precision=precision,
         loss_scaler=loss_scaler,
+        comm=comm,
     )
-    zero_stage: ZeroStage = stage_cls(ctx)
     scheduler = build_lr_scheduler(
         cfg, registry, zero_stage.optimizer if choice.has_optimizer else None, client_lr_scheduler
     )
@@ -235,7 +262,7 @@ def _assemble(
             dp_world_size=dp_world,
             dp_rank=rank,
             collate_fn=collate_fn,
-            drop_last=bool(getattr(cfg, "dataloader_drop_last", False)),
+            drop_last=cfg.dataloader_drop_last,
             pin_memory=getattr(accelerator, "device_type", "cpu") != "cpu",
         )
     monitors = _create_monitors(cfg, registry, rank)
@@ -263,13 +290,68 @@ def _assemble(
         cfg.train_micro_batch_size_per_gpu,
         cfg.gradient_accumulation_steps,
     )
-    manager.call("dscore_engine_created", engine=engine)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 
 # ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
+def _build_zero_stage(
+    runtime: Runtime,
+    cfg: DscoreConfig,
+    *,
+    module: torch.nn.Module,
+    model_parameters: Iterable[Any] | None,
+    client_optimizer: Any,
+    precision: PrecisionMode,
+    loss_scaler: Any,
+    comm: Any,
+) -> ZeroStage:
+    """The ZeRO stage plugin object for ``cfg.zero_stage`` over ``module``, reducing over ``comm``.
+
+    Raises:
+        ConfigError: ZeRO stage 1 or 2 without an optimizer, or a client optimizer it cannot use.
+    """
+    registry = runtime.registry
+    stage_number = int(cfg.zero_stage)
+    param_groups = _param_groups(module, model_parameters, client_optimizer)
+    choice = choose_optimizer(cfg, registry, client_optimizer, runtime=runtime)
+    if stage_number in (1, 2) and not choice.has_optimizer:
+        raise ConfigError(
+            f"ZeRO stage {stage_number} requires an optimizer (it partitions optimizer state): set optimizer.type "
+            "in ds_config or pass optimizer= to dscore.initialize, or use zero_optimization.stage 0 or 3",
+            path="zero_optimization.stage",
+        )
+    section = cfg.section("zero_optimization")
+    stage_spec = registry.zero_stage(stage_number, implementation=section.implementation)
+    stage_cls = registry.load(stage_spec)
+    missing = sorted(getattr(stage_cls, "__abstractmethods__", ()))
+    if missing:
+        record = registry.provider(stage_spec)
+        raise PluginLoadError(
+            f"plugin {record.label()}: ZeRO stage {stage_spec.name!r} ({stage_spec.factory}) does not implement "
+            f"{', '.join(missing)} of dscore.protocols.ZeroStage; implement them (see CONTRIBUTING.md, "
+            "'Write a ZeRO stage') or disable the plugin with DSCORE_DISABLE_PLUGINS=" + record.name,
+            plugin=record.name,
+            distribution=record.distribution,
+            version=record.version,
+        )
+    ctx = ZeroStageContext(
+        module=module,
+        param_groups=param_groups,
+        client_optimizer=choice.client_optimizer,
+        optimizer_factory=choice.factory,
+        config=cfg,
+        section=section,
+        runtime=runtime,
+        comm=comm,
+        precision=precision,
+        loss_scaler=loss_scaler,
+    )
+    zero_stage: ZeroStage = stage_cls(ctx)
+    return zero_stage
+
+
 def _check_args_local_rank(args: Any) -> None:
     """DeepSpeed's check: a non-negative ``args.local_rank`` must equal the launcher's ``LOCAL_RANK``.
 
@@ -338,7 +420,7 @@ def _data_parallel_world_size(distributed_port: int) -> tuple[int, str]:
     return env.world_size, f"world size {env.world_size} discovered from the environment ({env.source})"
 
 
-def _select_precision(cfg: Any, registry: Any) -> PrecisionMode:
+def _select_precision(cfg: DscoreConfig, registry: Registry) -> PrecisionMode:
     """The precision whose ``config_key`` block has ``enabled: true``, else the default (``config_key=None``).
 
     Raises:
@@ -352,23 +434,32 @@ def _select_precision(cfg: Any, registry: Any) -> PrecisionMode:
         if spec.config_key is None:
             default = default or spec
             continue
-        block = cfg.section(spec.config_key)
-        if block is not None and bool(getattr(block, "enabled", False)):
+        if _block_enabled(cfg, spec, registry):
             enabled.append(spec)
     if len(enabled) > 1:
         keys = " and ".join(f"{s.config_key}.enabled" for s in enabled)
         raise ConfigError(
             f"{keys} are both true; enable at most one precision mode", path=f"{enabled[0].config_key}.enabled"
         )
-    spec = enabled[0] if enabled else default
-    if spec is None:
-        spec = registry.get_typed(PrecisionSpec, "fp32", config_path="fp16.enabled/bf16.enabled")
-    mode = resolve(spec.factory)(cfg)
+    chosen = enabled[0] if enabled else default
+    if chosen is None:
+        chosen = registry.get_typed(PrecisionSpec, "fp32", config_path="fp16.enabled/bf16.enabled")
+    return _build_precision(chosen, cfg, registry)
+
+
+def _build_precision(spec: PrecisionSpec, cfg: DscoreConfig, registry: Registry) -> PrecisionMode:
+    """``spec``'s factory called with a :class:`~dscore.protocols.PrecisionContext` (its validated block)."""
+    from dscore.protocols.context import PrecisionContext
+    from dscore.runtime.context import current_runtime
+
+    section = cfg.section(spec.config_key) if spec.config_key else None
+    ctx = PrecisionContext(config=cfg, section=section, runtime=current_runtime(), path=spec.config_key or "")
+    mode = registry.load(spec)(ctx)
     assert isinstance(mode, PrecisionMode), f"{spec.factory} did not build a PrecisionMode"
     return mode
 
 
-def _check_device_dtype(precision: PrecisionMode, accelerator: Any) -> None:
+def _check_device_dtype(precision: PrecisionMode, accelerator: Accelerator) -> None:
     """Warn when fp16/bf16 is enabled on a device that reports no native support for it.
 
     DeepSpeed refuses (``ValueError "Type fp16 is not supported on your device."``); dscore only warns,
@@ -476,15 +567,56 @@ def _flat_tensors(model_parameters: Iterable[Any]) -> list[torch.Tensor]:
     return [p for p in out if p.requires_grad]
 
 
-def _create_monitors(cfg: Any, registry: Any, rank: int) -> list[Any]:
-    """Every monitor whose config block is enabled, on global rank 0 only (DeepSpeed's ``MonitorMaster``)."""
+def _create_monitors(cfg: DscoreConfig, registry: Registry, rank: int) -> list[Any]:
+    """Every monitor whose config block is enabled, on global rank 0 only (DeepSpeed's ``MonitorMaster``).
+
+    Raises:
+        PluginValidationError: a monitor's ``config_key`` names no registered section, or a section model
+            without an ``enabled`` field (checked on every rank, before anything is built).
+    """
+    enabled = [s for s in registry.specs("monitor") if isinstance(s, MonitorSpec) and _block_enabled(cfg, s, registry)]
     if rank != 0:
         return []
+    from dscore.protocols.context import MonitorContext
+    from dscore.runtime.context import current_runtime
+
+    runtime = current_runtime()
     out = []
-    for spec in registry.specs("monitor"):
+    for spec in enabled:
         assert isinstance(spec, MonitorSpec)
         block = cfg.section(spec.config_key)
-        if block is not None and bool(getattr(block, "enabled", False)):
-            out.append(resolve(spec.factory)(block, rank))
-            log.info("monitor %s enabled (%s)", spec.name, spec.config_key)
+        ctx = MonitorContext(config=cfg, section=block, runtime=runtime, path=spec.config_key)
+        out.append(registry.load(spec)(ctx))
+        log.info("monitor %s enabled (%s)", spec.name, spec.config_key)
     return out
+
+
+def _block_enabled(cfg: DscoreConfig, spec: MonitorSpec | PrecisionSpec, registry: Registry) -> bool:
+    """``<spec.config_key>.enabled`` for a monitor or precision spec: the rule is that the block a
+    component is switched on by is a registered section whose model has an ``enabled`` field (a section
+    with required fields that the user left out counts as not enabled).
+
+    Raises:
+        PluginValidationError: the section is not registered, or its model has no ``enabled`` field
+            (either would silently never build the component); names the plugin, spec and section.
+    """
+    key = spec.config_key
+    assert key is not None
+    fields = type(cfg).model_fields
+    what = f"{spec.kind.replace('_', ' ')} {spec.name!r}"
+    if key not in fields:
+        record = registry.provider(spec)
+        raise PluginValidationError(
+            f"plugin {record.label()}: {what} is switched on by ds_config section {key!r} (config_key), but no "
+            f"active plugin registers that section; register a ConfigSectionSpec(name={key!r}, model=...) with "
+            f"an `enabled: bool` field, or disable the plugin with DSCORE_DISABLE_PLUGINS={record.name}"
+        )
+    block = cfg.section(key)
+    if block is not None and "enabled" not in type(block).model_fields:
+        record = registry.provider(spec)
+        raise PluginValidationError(
+            f"plugin {record.label()}: {what} is switched on by {key}.enabled, but the model of ds_config "
+            f"section {key!r} ({type(block).__name__}) has no 'enabled' field, so it could never be enabled; "
+            "add `enabled: bool = False` to the section model"
+        )
+    return block is not None and bool(block.enabled)
