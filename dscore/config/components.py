@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from dscore.config.errors import Problem, problems_from_validation, short_repr
 from dscore.errors import ComponentNotFoundError, PluginLoadError, did_you_mean
-from dscore.specs import LRSchedulerSpec, OptimizerSpec, resolve
+from dscore.specs import LRSchedulerSpec, OptimizerSpec
 
 if TYPE_CHECKING:
     from dscore.registry import Registry
@@ -57,16 +57,7 @@ def params_model_of(spec: OptimizerSpec | LRSchedulerSpec, registry: Registry) -
     if not spec.params_model:
         return None
     record = registry.provider(spec)
-    try:
-        model = resolve(spec.params_model)
-    except Exception as exc:  # the plugin is broken; name it
-        raise PluginLoadError(
-            f"plugin {record.label()}: params_model {spec.params_model!r} of {spec.kind} {spec.name!r} cannot be "
-            f"imported: {type(exc).__name__}: {exc}",
-            plugin=record.name,
-            distribution=record.distribution,
-            version=record.version,
-        ) from exc
+    model = registry.load(spec, "params_model")
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise PluginLoadError(
             f"plugin {record.label()}: params_model {spec.params_model!r} is not a pydantic model class",

@@ -23,7 +23,7 @@ from dscore.config.base import (
     SectionModel,
 )
 from dscore.errors import ConfigError, PluginConflictError, PluginLoadError
-from dscore.specs import ConfigSectionSpec, resolve
+from dscore.specs import ConfigSectionSpec
 
 #: "no default given" for :meth:`DscoreConfig.section`
 _REQUIRED: Any = object()
@@ -456,16 +456,7 @@ def build_config_model(registry: Registry) -> tuple[type[DscoreConfig], dict[str
                     f"plugin {record.label()} registers ds_config section {key!r}, which is a key dscore's core "
                     f"defines; disable it with DSCORE_DISABLE_PLUGINS={record.name}"
                 )
-        try:
-            model = resolve(spec.model)
-        except Exception as exc:  # a broken plugin module: report the plugin, not a traceback
-            raise PluginLoadError(
-                f"plugin {record.label()}: ds_config section {spec.name!r} model {spec.model!r} cannot be "
-                f"imported: {type(exc).__name__}: {exc}",
-                plugin=record.name,
-                distribution=record.distribution,
-                version=record.version,
-            ) from exc
+        model = registry.load(spec, "model")
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             raise PluginLoadError(
                 f"plugin {record.label()}: ds_config section {spec.name!r} model {spec.model!r} is not a pydantic "

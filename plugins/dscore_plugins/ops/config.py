@@ -12,24 +12,14 @@ from typing import Literal
 from pydantic import StrictBool
 
 from dscore.config.base import NonNegativeFloat, PositiveFloat
-from dscore_plugins.optim.config import AdagradParams, Betas, LionParams, OptimizerParams
+from dscore_plugins.optim.config import AdagradParams, AdamFamilyParams, LionParams
 
 __all__ = ["AdagradParams", "CPUAdamParams", "FusedAdamParams", "FusedLambParams", "LionParams"]
 
 
-class CPUAdamParams(OptimizerParams):
+class CPUAdamParams(AdamFamilyParams):
     """``DscoreCPUAdam`` (DeepSpeed's ``DeepSpeedCPUAdam``): Adam/AdamW stepping fp32 CPU tensors."""
 
-    lr: NonNegativeFloat = 1e-3
-    """Learning rate."""
-    bias_correction: StrictBool = True
-    """Divide the moments by ``1 - beta^t``."""
-    betas: Betas = (0.9, 0.999)
-    """Coefficients of the running averages of the gradient and its square."""
-    eps: PositiveFloat = 1e-8
-    """Added to the bias-corrected ``sqrt(exp_avg_sq)``."""
-    weight_decay: NonNegativeFloat = 0.0
-    """Decoupled (``adamw_mode``) or L2 added to the gradient."""
     amsgrad: Literal[False] = False
     """Not supported (as DeepSpeed's CPU Adam)."""
     adamw_mode: StrictBool = True
@@ -38,40 +28,21 @@ class CPUAdamParams(OptimizerParams):
     """Accepted for DeepSpeed compatibility (states are always fp32 here)."""
 
 
-class FusedAdamParams(OptimizerParams):
+class FusedAdamParams(AdamFamilyParams):
     """``FusedAdam``: multi-tensor Adam/AdamW on CUDA (DeepSpeed's defaults)."""
 
-    lr: NonNegativeFloat = 1e-3
-    """Learning rate."""
-    bias_correction: StrictBool = True
-    """Divide the moments by ``1 - beta^t``."""
-    betas: Betas = (0.9, 0.999)
-    """Moment coefficients."""
-    eps: PositiveFloat = 1e-8
-    """Denominator term."""
     adam_w_mode: StrictBool = True
     """Decoupled weight decay (AdamW)."""
-    weight_decay: NonNegativeFloat = 0.0
-    """Weight decay."""
     amsgrad: Literal[False] = False
     """Not supported (as DeepSpeed's FusedAdam)."""
     set_grad_none: StrictBool = True
     """Accepted for compatibility (the engine always sets ``grad = None``)."""
 
 
-class FusedLambParams(OptimizerParams):
-    """``FusedLamb``: multi-tensor LAMB on CUDA (DeepSpeed's defaults)."""
+class FusedLambParams(AdamFamilyParams):
+    """``FusedLamb``: multi-tensor LAMB on CUDA (DeepSpeed's defaults; ``weight_decay`` is added to the
+    update before the trust ratio)."""
 
-    lr: NonNegativeFloat = 1e-3
-    """Learning rate."""
-    bias_correction: StrictBool = True
-    """Divide the moments by ``1 - beta^t``."""
-    betas: Betas = (0.9, 0.999)
-    """Moment coefficients."""
-    eps: PositiveFloat = 1e-8
-    """Denominator term."""
-    weight_decay: NonNegativeFloat = 0.0
-    """Added to the update before the trust ratio."""
     max_coeff: PositiveFloat = 10.0
     """Upper clamp of the trust ratio."""
     min_coeff: NonNegativeFloat = 0.01

@@ -16,6 +16,7 @@ from dscore.config.base import Float, NonNegativeFloat, NonNegativeInt, Positive
 
 __all__ = [
     "OptimizerParams",
+    "AdamFamilyParams",
     "AdamParams",
     "AdamWParams",
     "LambParams",
@@ -46,25 +47,31 @@ class OptimizerParams(BaseModel):
         return data
 
 
-class AdamParams(OptimizerParams):
+class AdamFamilyParams(OptimizerParams):
+    """The hyper-parameters every Adam-style optimizer shares (Adam, AdamW, CPU Adam, FusedAdam, LAMB), with
+    DeepSpeed's defaults written once; each optimizer's model adds its own keys."""
+
+    lr: NonNegativeFloat = 1e-3
+    """Learning rate."""
+    bias_correction: StrictBool = True
+    """Divide the moments by ``1 - beta^t``."""
+    betas: Betas = (0.9, 0.999)
+    """Coefficients of the running averages of the gradient and its square."""
+    eps: PositiveFloat = 1e-8
+    """Added to the denominator."""
+    weight_decay: NonNegativeFloat = 0.0
+    """Weight decay (decoupled or L2 as the optimizer's mode says)."""
+
+
+class AdamParams(AdamFamilyParams):
     """``Adam``: decoupled weight decay by default (``adam_w_mode`` true), as DeepSpeed's FusedAdam.
 
     Defaults are FusedAdam's / DeepSpeedCPUAdam's; with ``torch_adam: true`` keys not given take torch's own
     defaults instead (``weight_decay`` 0.01 for AdamW), as DeepSpeed passes only the given keys there.
     """
 
-    lr: NonNegativeFloat = 1e-3
-    """Learning rate."""
-    betas: Betas = (0.9, 0.999)
-    """Coefficients of the running averages of the gradient and its square."""
-    eps: PositiveFloat = 1e-8
-    """Added to the denominator."""
-    weight_decay: NonNegativeFloat = 0.0
-    """Decoupled (AdamW) when ``adam_w_mode``, else L2 added to the gradient."""
     amsgrad: StrictBool = False
     """Use the AMSGrad maximum of second moments."""
-    bias_correction: StrictBool = True
-    """Bias-correct the moments (only ``true`` is supported on the torch implementation)."""
     adam_w_mode: StrictBool = True
     """Decoupled weight decay (AdamW). DeepSpeed's default is true even for ``"type": "Adam"``."""
     torch_adam: StrictBool = False
@@ -79,21 +86,12 @@ class AdamWParams(AdamParams):
     """``AdamW``: as ``Adam`` with ``adam_w_mode`` forced true (a false value is overridden, as DeepSpeed)."""
 
 
-class LambParams(OptimizerParams):
-    """``Lamb`` (You et al., arXiv:1904.00962) as DeepSpeed's FusedLamb."""
+class LambParams(AdamFamilyParams):
+    """``Lamb`` (You et al., arXiv:1904.00962) as DeepSpeed's FusedLamb (``weight_decay`` is added to the
+    update before the trust ratio)."""
 
-    lr: NonNegativeFloat = 1e-3
-    """Learning rate."""
-    bias_correction: StrictBool = True
-    """Bias-correct the moments."""
-    betas: Betas = (0.9, 0.999)
-    """Moment coefficients."""
-    eps: PositiveFloat = 1e-8
-    """Denominator term."""
     eps_inside_sqrt: StrictBool = False
     """``sqrt(v + eps)`` instead of ``sqrt(v) + eps``."""
-    weight_decay: NonNegativeFloat = 0.0
-    """Added to the update before the trust ratio."""
     max_coeff: PositiveFloat = 10.0
     """Upper clamp of the trust ratio."""
     min_coeff: NonNegativeFloat = 0.01
