@@ -23,11 +23,16 @@ the fallbacks below live here and nowhere else:
 * **One rank.** A group of one rank (or no process group at all: rank 0 of 1, e.g. ``dscore.zero.Init``
   before ``init_distributed``) runs no collective: gathers and reduce-scatters are local copies.
 * **gloo fast paths.** On gloo, ``all_gather_into_tensor`` is one broadcast from each owner into its
-  chunk of the output and ``reduce_scatter_tensor`` is an all-reduce followed by a copy of this rank's
-  slice; both exact, and measured on loopback (16 MB, 2 ranks) about 2x faster than gloo's own
-  all-gather / reduce-scatter. ``DSCORE_GLOO_NATIVE=1`` turns them off (gloo's own calls are used).
-  Pass ``input_reusable=True`` to :meth:`Comm.reduce_scatter_tensor` when the input may be overwritten:
-  the all-reduce then runs in place instead of on a copy.
+  chunk of the output, and a sum/average ``reduce_scatter_tensor`` / ``reduce_scatter`` is a pairwise
+  exchange: every rank sends chunk ``q`` of its input straight to rank ``q`` (point-to-point, all
+  transfers in flight at once) and adds the ``world_size - 1`` chunks it receives to its own, in rank
+  order. Each rank sends and receives ``(world_size - 1) / world_size`` of the input, the volume of a ring
+  reduce-scatter, half of what an all-reduce moves; measured on loopback (2 ranks, 4-16 MB) 0.4-0.6x the
+  time of gloo's all-reduce and 0.3-0.5x of gloo's own reduce-scatter, and the broadcast all-gather
+  about 2x faster than gloo's all-gather. Other reduce ops use an all-reduce and a slice copy.
+  ``DSCORE_GLOO_NATIVE=1`` turns the fast paths off (gloo's own calls are used). Pass
+  ``input_reusable=True`` to :meth:`Comm.reduce_scatter_tensor` when the input may be overwritten: the
+  all-reduce fallback then runs in place instead of on a copy, and ``output`` may alias this rank's chunk.
 * **Agreeing on errors.** :meth:`Comm.agree` all-gathers each rank's outcome of a phase (None or an
   exception) so a failure on one rank raises the same error on every rank instead of hanging the others
   in the next collective (checkpoint save/load ends each phase with it).
@@ -92,6 +97,16 @@ def _require_contiguous(output: torch.Tensor, what: str) -> None:
 
 def _is_avg(op: Any) -> bool:
     return op == dist.ReduceOp.AVG
+
+
+def _pairwise_op(op: Any) -> bool:
+    """Ops the pairwise reduce-scatter computes (a sum of received chunks, optionally averaged)."""
+    return op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG
+
+
+# point-to-point tag of the pairwise reduce-scatter; keeps its transfers apart from a caller's own
+# send/recv on the same group (those default to tag 0)
+_PAIRWISE_TAG = 0x5C
 
 
 class Work:
@@ -380,6 +395,9 @@ class Comm:
             full = input.view(-1) if reusable else input.detach().clone().reshape(-1)
             return self._emulated_slice(full, output, rop, grp, async_op)
 
+        if self.gloo_fast(grp) and _pairwise_op(rop):
+            flat = input.reshape(-1) if input.is_contiguous() else input.contiguous().view(-1)
+            return self._pairwise_reduce_scatter(list(flat.split(n)), output, rop, grp, async_op)
         if self.gloo_fast(grp) or (_is_avg(rop) and "avg" in self._emulated):
             return emulated()
         native_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -428,9 +446,55 @@ class Comm:
             full = torch.cat([t.detach().reshape(-1) for t in input_list])
             return self._emulated_slice(full, output, rop, grp, async_op)
 
+        if self.gloo_fast(grp) and _pairwise_op(rop) and output.is_contiguous():
+            chunks = [
+                t.detach().reshape(-1) if t.is_contiguous() else t.detach().contiguous().view(-1) for t in input_list
+            ]
+            return self._pairwise_reduce_scatter(chunks, output, rop, grp, async_op)
         if _is_avg(rop) and "avg" in self._emulated:
             return emulated()
         return self._native_or_emulated("reduce_scatter", native, emulated)
+
+    def _pairwise_reduce_scatter(
+        self, chunks: list[torch.Tensor], output: torch.Tensor, rop: Any, grp: Any, async_op: bool
+    ) -> Any:
+        """Sum (or average) ``chunks[r]`` of every rank into ``output`` on rank ``r`` by direct exchange.
+
+        ``chunks``: ``world_size`` flat contiguous tensors of ``output.numel()`` elements each (views of the
+        caller's input, read until the work completes; never written). Each peer ``q`` gets ``chunks[q]``
+        by ``isend``; this rank's chunk from every peer arrives by ``irecv`` into one receive buffer of
+        ``(world_size - 1) x n`` elements. The finishing step adds them to this rank's own chunk in rank
+        order (a fixed order, so the result is deterministic), then divides for an average. ``output`` may
+        alias ``chunks[rank]``. Point-to-point transfers of one group are matched in posting order per peer
+        and tag, so reduce-scatters launched in the same order on every rank (the collective contract)
+        pair up correctly while several are in flight.
+        """
+        world = dist.get_world_size(grp)
+        rank = dist.get_rank(grp)
+        n = output.numel()
+        if n == 0:
+            return _DONE if async_op else None
+        peers = [q for q in range(world) if q != rank]
+        received = torch.empty((world - 1, n), dtype=output.dtype, device=output.device)
+        works = []
+        for i, q in enumerate(peers):
+            peer = q if grp is None else dist.get_global_rank(grp, q)
+            works.append(dist.isend(chunks[q], dst=peer, group=grp, tag=_PAIRWISE_TAG))
+            works.append(dist.irecv(received[i], src=peer, group=grp, tag=_PAIRWISE_TAG))
+
+        def finish() -> None:
+            flat_out = output.view(-1)
+            torch.add(chunks[rank], received[0], out=flat_out)
+            for i in range(1, world - 1):
+                flat_out.add_(received[i])
+            if _is_avg(rop):
+                flat_out.div_(world)
+
+        work = Work(works, finish)
+        if async_op:
+            return work
+        work.wait()
+        return None
 
     def _emulated_slice(self, full: torch.Tensor, output: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
         """All-reduce the flat ``full`` (world_size x output.numel() elements), then copy this rank's slice."""

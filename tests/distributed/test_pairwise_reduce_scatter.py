@@ -1,0 +1,91 @@
+"""The gloo pairwise reduce-scatter of ``Comm`` (sum/avg as a direct exchange of chunks) against
+torch's all-reduce on real gloo ranks: 2 ranks (bitwise equal: a sum of two terms does not depend on
+order) and 3 ranks (more than one peer per rank), fp32 and bf16, the list form, an output aliasing the
+input's own chunk, several reduce-scatters in flight waited in reverse order, and point-to-point
+traffic of the caller on tag 0 interleaved with them."""
+
+from __future__ import annotations
+
+import pytest
+
+from dscore.testing import run_distributed
+
+
+def _check_pairwise() -> dict[str, object]:
+    import torch
+    import torch.distributed as dist
+
+    from dscore.comm import Comm
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    comm = Comm(None, backend="gloo")
+    assert comm.gloo_fast()
+    checked = 0
+
+    def reference(inp: torch.Tensor) -> torch.Tensor:
+        full = inp.clone()
+        dist.all_reduce(full)
+        return full
+
+    # several sizes (n = 1 and a size not a multiple of anything), fp32 and bf16; integer-valued data
+    # so a 3-rank sum is exact whatever the order, random data on 2 ranks (bitwise equal either way)
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (1, 7, 4099):
+            gen = torch.Generator().manual_seed(100 * n + rank)
+            inp = torch.randn(world * n, generator=gen)
+            if world > 2:
+                inp = (inp * 8).round()
+            inp = inp.to(dtype)
+            full = reference(inp)
+            keep = inp.clone()
+            out = torch.empty(n, dtype=dtype)
+            comm.reduce_scatter_tensor(out, inp)
+            assert torch.equal(inp, keep), "a non-reusable input was written"
+            assert torch.equal(out, full[rank * n : (rank + 1) * n]), (dtype, n)
+            avg = torch.empty(n, dtype=dtype)
+            comm.reduce_scatter_tensor(avg, inp, op="avg", async_op=True).wait()
+            assert torch.equal(avg, full[rank * n : (rank + 1) * n] / world), (dtype, n)
+            # output aliasing this rank's chunk of a reusable input (the ZeRO reducer's layout)
+            buf = inp.clone()
+            own = buf[rank * n : (rank + 1) * n]
+            comm.reduce_scatter_tensor(own, buf, async_op=True, input_reusable=True).wait()
+            assert torch.equal(own, full[rank * n : (rank + 1) * n])
+            # the list form
+            parts = [t.clone() for t in inp.split(n)]
+            got = torch.empty(n, dtype=dtype)
+            comm.reduce_scatter(got, parts)
+            assert torch.equal(got, full[rank * n : (rank + 1) * n])
+            checked += 4
+
+    # four reduce-scatters in flight, with the caller's own tag-0 send/recv ring in between, waited in
+    # reverse order: transfers pair up by posting order, not by completion
+    inputs = [(torch.arange(world * 64, dtype=torch.float32) + 1000 * k + rank) for k in range(4)]
+    outs = [torch.empty(64) for _ in inputs]
+    works = []
+    token_in = torch.empty(3)
+    token_out = torch.full((3,), float(rank))
+    for k, (o, i) in enumerate(zip(outs, inputs)):
+        works.append(comm.reduce_scatter_tensor(o, i, async_op=True))
+        if k == 1:
+            works.append(comm.isend(token_out, (rank + 1) % world))
+            works.append(comm.irecv(token_in, (rank - 1) % world))
+    for w in reversed(works):
+        w.wait()
+    assert torch.equal(token_in, torch.full((3,), float((rank - 1) % world)))
+    for o, i in zip(outs, inputs):
+        assert torch.equal(o, reference(i)[rank * 64 : (rank + 1) * 64])
+        checked += 1
+
+    # a non-sum op still goes through the all-reduce fallback
+    x = torch.tensor([float(rank)] * world)
+    mx = torch.empty(1)
+    comm.reduce_scatter_tensor(mx, x, op="max")
+    assert mx.item() == world - 1
+    return {"checked": checked}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 3])
+def test_pairwise_reduce_scatter_equals_all_reduce(world: int) -> None:
+    results = run_distributed(_check_pairwise, world, timeout=180)
+    assert [r["checked"] for r in results] == [28] * world
