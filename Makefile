@@ -2,14 +2,15 @@
 # Two commands do everything on a fresh clone (Python >= 3.10, a C++ compiler, make):
 #   make run   - set up (idempotent) and train the example GPT with 2 ranks (examples/gpt/)
 #   make test  - set up (idempotent) and run the whole test suite (CI runs this, then `make lint`)
-# Other targets: setup (the venv alone), lint (ruff, import contract, mypy), bench (bench/run_all.sh), clean (remove the venv).
+# Other targets: setup (the venv alone), lint (ruff, import contract, mypy), bench (bench/run_all.sh),
+# bench-venv (a separate venv with DeepSpeed 0.19.8 for the benchmarks' side-by-side rows), clean (remove the venvs).
 # After `make setup`, `source .venv/bin/activate` puts `dscore` on PATH.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dscore-setup-done
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test lint bench bench-venv clean
 
 setup: $(STAMP)
 
@@ -40,5 +41,19 @@ lint: setup
 bench: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH bash bench/run_all.sh
 
+# dscore plus the `bench` extra (DeepSpeed 0.19.8, matplotlib) in a venv of its own, so the test venv never
+# sees DeepSpeed; built like $(VENV) and checked to hold the same torch build. DS_BUILD_OPS=0: DeepSpeed
+# JIT-builds the ops it loads (bench/README.md). E.g. make bench-venv BENCH_VENV=/work/bench-venv
+BENCH_VENV ?= .venv-bench
+TORCH_VERSION = $(PY) -c 'import torch; print(torch.__version__)'
+bench-venv: $(BENCH_VENV)/.dscore-bench-done
+
+$(BENCH_VENV)/.dscore-bench-done: pyproject.toml $(STAMP)
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv --system-site-packages $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -c "import torch" 2>/dev/null || $(BENCH_VENV)/bin/python -m pip install "torch==$$($(TORCH_VERSION))"
+	DS_BUILD_OPS=0 $(BENCH_VENV)/bin/python -m pip install -e '.[bench]'
+	test "$$($(BENCH_VENV)/bin/python -c 'import torch; print(torch.__version__)')" = "$$($(TORCH_VERSION))"
+	touch $@
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(BENCH_VENV) build *.egg-info

@@ -19,6 +19,13 @@ Usage::
     python bench/dp_throughput.py --widths 512,1024,2048 --chart bench/results/dp_throughput.png
 
 Also runs torch FSDP2 (``fully_shard`` on a CPU mesh, gloo) as the stage-3 peer (``--no-fsdp2`` skips it).
+
+DeepSpeed rows (``deepspeed-stageN``) run when DeepSpeed 0.19.8 is importable (the separate bench venv,
+bench/README.md): the dscore row's config plus ``foreach: true`` for its ``torch_adam``, ``DS_ACCELERATOR=cpu``,
+on the bench's gloo process group; ``bench/_deepspeed_peer.py`` checks on every rank before timing that
+DeepSpeed really runs that (gloo, AdamW for-each, stage, buckets, overlap_comm, clipping, fp32, one thread)
+and fails the row otherwise. Any failed row makes the script exit 1 after the table; ``--require-deepspeed``
+exits 2 up front when DeepSpeed is not importable.
 """
 
 from __future__ import annotations
@@ -75,6 +82,16 @@ def _dscore_config(stage: int, micro: int, profile: bool = False) -> dict[str, A
     }
 
 
+def _deepspeed_peer() -> Any:
+    """bench/_deepspeed_peer.py (config, checks and quieting of the DeepSpeed rows, shared with gpt_throughput)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import _deepspeed_peer
+
+    return _deepspeed_peer
+
+
 def _malloc_trim() -> None:
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -100,10 +117,7 @@ def _warm_imports(variant: str) -> None:
         m(x).sum().backward()
         del m
     elif variant.startswith("deepspeed"):
-        import deepspeed
-
-        engine, *_ = deepspeed.initialize(model=tiny, model_parameters=tiny.parameters(),
-                                          config=_dscore_config(int(variant[-1]), 2))
+        engine, _ = _deepspeed_peer().initialize(tiny, _dscore_config(int(variant[-1]), 2))
         engine.backward(engine(x).sum())
         engine.step()
         del engine
@@ -186,16 +200,26 @@ def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warm
             timers.stop("step")
 
     elif variant.startswith("deepspeed"):
-        import deepspeed
-
         stage = int(variant[-1])
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                          config=_dscore_config(stage, micro))
+        engine, checked = _deepspeed_peer().initialize(model, _dscore_config(stage, micro))
+        # DeepSpeed's own wall_clock_breakdown only logs; its rows are timed by hand per engine call
+        ds_timers = PhaseTimers().activate() if profile else None
 
         def one_step() -> None:
+            if ds_timers is None:
+                loss = F.mse_loss(engine(x), y)
+                engine.backward(loss)
+                engine.step()
+                return
+            ds_timers.start("forward")
             loss = F.mse_loss(engine(x), y)
+            ds_timers.stop("forward")
+            ds_timers.start("backward")
             engine.backward(loss)
+            ds_timers.stop("backward")
+            ds_timers.start("step")
             engine.step()
+            ds_timers.stop("step")
 
     else:
         import dscore
@@ -222,7 +246,10 @@ def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warm
     phases: dict[str, float] = {}
     if profile and active_timers() is not None:
         phases = {k: 1000.0 * v / steps for k, (v, _) in active_timers().totals().items()}
-    return {"steps_per_s": steps / elapsed, "peak_rss": peak, "base_rss": base, "phases_ms": phases}
+    out = {"steps_per_s": steps / elapsed, "peak_rss": peak, "base_rss": base, "phases_ms": phases}
+    if variant.startswith("deepspeed"):
+        out["deepspeed_checked"] = checked
+    return out
 
 
 _PHASES = (
@@ -271,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batch", type=int, default=64)
     parser.add_argument("--stages", default="0,1,2,3", help="dscore (and DeepSpeed) stages to run")
     parser.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeed even when installed")
+    parser.add_argument("--require-deepspeed", action="store_true",
+                        help="exit 2 unless DeepSpeed is importable (the side-by-side run must not skip it)")
     parser.add_argument("--no-fsdp2", action="store_true", help="skip torch FSDP2 (fully_shard)")
     parser.add_argument("--profile", action="store_true",
                         help="per-phase ms/step (wall_clock_breakdown timers; DDP/FSDP2 timed by hand)")
@@ -285,14 +314,25 @@ def main(argv: list[str] | None = None) -> int:
     variants = ["ddp"] + [f"dscore-stage{s}" for s in stages]
     if not args.no_fsdp2:
         variants.append("fsdp2")
+    if args.no_deepspeed and args.require_deepspeed:
+        parser.error("--no-deepspeed and --require-deepspeed contradict each other")
     if args.no_deepspeed:
         log.info("DeepSpeed: skipped (--no-deepspeed)")
     elif importlib.util.find_spec("deepspeed") is None:
+        if args.require_deepspeed:
+            log.error("DeepSpeed: not importable by %s (--require-deepspeed); set up the bench venv as "
+                      "bench/README.md says", sys.executable)
+            return 2
         log.info("DeepSpeed: not installed (pip install 'dscore[bench]' for the side-by-side run); skipping")
     else:
+        from importlib.metadata import version
+
+        log.info("DeepSpeed %s: rows deepspeed-stage%s (DS_ACCELERATOR=cpu, gloo)", version("deepspeed"),
+                 ",".join(map(str, stages)))
         variants += [f"deepspeed-stage{s}" for s in stages]
     results: dict[tuple[int, str], list[list[dict[str, Any]]]] = {(w, v): [] for w in widths for v in variants}
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    failed: list[str] = []
     for w in widths:
         params = args.layers * (w * w + w)
         log.info(
@@ -305,11 +345,14 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     res = run_distributed(_worker, 2, v, w, args.layers, args.micro_batch, args.steps,
                                           args.warmup, args.profile, env=env, timeout=3600)
-                except Exception as exc:  # noqa: BLE001 - a peer that cannot run here is reported, not fatal
-                    log.info("round %d hidden %d %-16s failed: %s", r, w, v, str(exc).splitlines()[-1][:200])
+                except Exception as exc:  # noqa: BLE001 - reported with the table, then exit 1
+                    log.error("round %d hidden %d %-16s FAILED:\n%s", r, w, v, exc)
+                    failed.append(f"round {r} hidden {w} {v}")
                     continue
                 results[(w, v)].append(res)
                 log.info("round %d hidden %d %-16s %.2f steps/s", r, w, v, min(x["steps_per_s"] for x in res))
+                if "deepspeed_checked" in res[0]:
+                    log.info("  checked on every rank: %s", res[0]["deepspeed_checked"])
 
     def speed(w: int, v: str) -> float:
         # a step completes when the slowest rank completes it
@@ -335,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(row)
         if args.profile:
             lines.append(f"per-phase ms/step (rank 0, median over rounds; hidden {w}; sub-phases are inside their parent)")
-            lines.append(f"{'phase':<24}" + "".join(f"{v.replace('dscore-', 'ds-').replace('deepspeed-', 'DS-'):>12}" for v in variants))
+            lines.append(f"{'phase':<24}" + "".join(f"{v.replace('dscore-stage', 'dscore-z').replace('deepspeed-stage', 'dspeed-z'):>12}" for v in variants))
             for ph in _PHASES:
                 cells = []
                 for v in variants:
@@ -351,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.chart and _chart(args.chart, widths, variants, speed, lambda w, v, k: rss(w, v, k, "delta")):
         log.info("chart: %s", args.chart)
+    if failed:
+        log.error("FAILED (%d): %s", len(failed), "; ".join(failed))
+        return 1
     return 0
 
 

@@ -11,6 +11,12 @@ samples/s (global, median over rounds; the slower rank decides) and its ratio to
 
 Target (issue 17): ZeRO 0 and 2 >= 0.95 x DDP. Timings on a shared machine are noisy: compare within a run.
 
+When DeepSpeed 0.19.8 is importable (the separate bench venv, bench/README.md) the same job also runs
+through DeepSpeed ZeRO 0 and 2 (rows ``deepspeed-zero0/2``): the dscore config plus ``foreach: true`` for its
+``torch_adam``, ``DS_ACCELERATOR=cpu``, on the bench's gloo process group, checked on every rank before
+timing by ``bench/_deepspeed_peer.py`` (a mismatch fails the row; any failed row exits 1 after the table).
+``--require-deepspeed`` exits 2 when DeepSpeed is not importable; ``--no-deepspeed`` skips it.
+
 Usage::
 
     python bench/gpt_throughput.py --steps 30 --rounds 3
@@ -19,6 +25,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
 import os
 import statistics
@@ -72,6 +79,8 @@ def _worker(variant: str, steps: int, warmup: int, profile: bool = False) -> dic
         seq = torch.randint(0, cfg.vocab_size, (MICRO, cfg.block_size + 1), generator=g)
         return seq[:, :-1], seq[:, 1:]
 
+    checked: dict[str, Any] | None = None
+    ds_timers = None
     if variant == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -90,6 +99,33 @@ def _worker(variant: str, steps: int, warmup: int, profile: bool = False) -> dic
             torch.nn.utils.clip_grad_norm_(ddp.parameters(), CLIP)
             opt.step()
             opt.zero_grad(set_to_none=True)
+
+    elif variant.startswith("deepspeed"):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import _deepspeed_peer
+
+        engine, checked = _deepspeed_peer.initialize(model, _config(int(variant[-1])))
+        if profile:  # DeepSpeed's own wall_clock_breakdown only logs: its engine calls are timed by hand
+            from dscore.runtime.timers import PhaseTimers
+
+            ds_timers = PhaseTimers().activate()
+
+        def one_step(step: int) -> None:
+            for m in range(GAS):
+                x, y = batch(step, m)
+                if ds_timers is None:
+                    engine.backward(engine(x, y))
+                    engine.step()
+                    continue
+                ds_timers.start("forward")
+                loss = engine(x, y)
+                ds_timers.stop("forward")
+                ds_timers.start("backward")
+                engine.backward(loss)
+                ds_timers.stop("backward")
+                ds_timers.start("step")
+                engine.step()
+                ds_timers.stop("step")
 
     else:
         import dscore
@@ -117,7 +153,7 @@ def _worker(variant: str, steps: int, warmup: int, profile: bool = False) -> dic
     elapsed = time.perf_counter() - t0
     world = dist.get_world_size()
     phases = {k: 1000.0 * v / steps for k, (v, _) in timers.totals().items()} if timers is not None else {}
-    return {"samples_per_s": steps * GAS * MICRO * world / elapsed, "phases_ms": phases}
+    return {"samples_per_s": steps * GAS * MICRO * world / elapsed, "phases_ms": phases, "deepspeed_checked": checked}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,30 +161,63 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per variant and round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of all variants")
-    parser.add_argument("--profile", action="store_true", help="print dscore's per-phase ms/step (rank 0, last round)")
+    parser.add_argument("--profile", action="store_true",
+                        help="print per-phase ms/step (rank 0, every round): dscore's timers; DeepSpeed timed by hand")
+    parser.add_argument("--no-deepspeed", action="store_true", help="skip DeepSpeed even when installed")
+    parser.add_argument("--require-deepspeed", action="store_true",
+                        help="exit 2 unless DeepSpeed is importable (the side-by-side run must not skip it)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     from dscore.testing import run_distributed
 
     variants = ["ddp", "dscore-zero0", "dscore-zero2"]
+    if args.no_deepspeed and args.require_deepspeed:
+        parser.error("--no-deepspeed and --require-deepspeed contradict each other")
+    if args.no_deepspeed:
+        log.info("DeepSpeed: skipped (--no-deepspeed)")
+    elif importlib.util.find_spec("deepspeed") is None:
+        if args.require_deepspeed:
+            log.error("DeepSpeed: not importable by %s (--require-deepspeed); set up the bench venv as "
+                      "bench/README.md says", sys.executable)
+            return 2
+        log.info("DeepSpeed: not installed (pip install 'dscore[bench]' for the side-by-side run); skipping")
+    else:
+        from importlib.metadata import version
+
+        log.info("DeepSpeed %s: rows deepspeed-zero0, deepspeed-zero2 (DS_ACCELERATOR=cpu, gloo)", version("deepspeed"))
+        variants += ["deepspeed-zero0", "deepspeed-zero2"]
     results: dict[str, list[float]] = {v: [] for v in variants}
-    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    failed: list[str] = []
     log.info("GPT example model (default size), micro batch %d x GAS %d x 2 ranks gloo, %d steps x %d round(s)",
              MICRO, GAS, args.steps, args.rounds)
     for r in range(args.rounds):
         for v in variants:
-            res = run_distributed(_worker, 2, v, args.steps, args.warmup, args.profile, env=env, timeout=3600)
+            try:
+                res = run_distributed(_worker, 2, v, args.steps, args.warmup, args.profile, env=env, timeout=3600)
+            except Exception as exc:  # noqa: BLE001 - reported with the table, then exit 1
+                log.error("round %d %-16s FAILED:\n%s", r, v, exc)
+                failed.append(f"round {r} {v}")
+                continue
             results[v].append(min(x["samples_per_s"] for x in res))
             if res[0]["phases_ms"]:
                 log.info("  %s ms/step: %s", v, ", ".join(f"{k} {t:.1f}" for k, t in sorted(res[0]["phases_ms"].items())))
-            log.info("round %d %-14s %.1f samples/s", r, v, results[v][-1])
-    ddp = statistics.median(results["ddp"])
-    lines = [f"{'variant':<14}{'samples/s':>11}{'vs DDP':>8}"]
+            log.info("round %d %-16s %.1f samples/s", r, v, results[v][-1])
+            if res[0]["deepspeed_checked"] is not None:
+                log.info("  checked on every rank: %s", res[0]["deepspeed_checked"])
+
+    def median(v: str) -> float:
+        return statistics.median(results[v]) if results[v] else float("nan")
+
+    ddp = median("ddp")
+    lines = [f"{'variant':<16}{'samples/s':>11}{'vs DDP':>8}"]
     for v in variants:
-        sp = statistics.median(results[v])
-        lines.append(f"{v:<14}{sp:>11.1f}{sp / ddp:>8.3f}")
+        lines.append(f"{v:<16}{median(v):>11.1f}{median(v) / ddp:>8.3f}")
     sys.stdout.write("\n".join(lines) + "\ntarget: ZeRO 0 and 2 >= 0.95 x DDP (shared machine: noisy)\n")
+    if failed:
+        log.error("FAILED (%d): %s", len(failed), "; ".join(failed))
+        return 1
     return 0
 
 
