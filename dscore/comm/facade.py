@@ -22,14 +22,15 @@ the fallbacks below live here and nowhere else:
   a caller never needs to know which path ran. ``async_op=False`` returns ``None`` (torch's contract).
 * **One rank.** A group of one rank (or no process group at all: rank 0 of 1, e.g. ``dscore.zero.Init``
   before ``init_distributed``) runs no collective: gathers and reduce-scatters are local copies.
-* **gloo fast paths.** On gloo, ``all_gather_into_tensor`` is one broadcast from each owner into its
-  chunk of the output, and a sum/average ``reduce_scatter_tensor`` / ``reduce_scatter`` is a pairwise
-  exchange: every rank sends chunk ``q`` of its input straight to rank ``q`` (point-to-point, all
-  transfers in flight at once) and adds the ``world_size - 1`` chunks it receives to its own, in rank
-  order. Each rank sends and receives ``(world_size - 1) / world_size`` of the input, the volume of a ring
-  reduce-scatter, half of what an all-reduce moves; measured on loopback (2 ranks, 4-16 MB) 0.4-0.6x the
-  time of gloo's all-reduce and 0.3-0.5x of gloo's own reduce-scatter, and the broadcast all-gather
-  about 2x faster than gloo's all-gather. Other reduce ops use an all-reduce and a slice copy.
+* **gloo fast paths.** On gloo, ``all_gather_into_tensor`` and a sum/average ``reduce_scatter_tensor`` /
+  ``reduce_scatter`` are pairwise point-to-point exchanges, every transfer in flight at once. All-gather:
+  every rank sends its chunk to each peer and receives each peer's chunk straight into the output.
+  Reduce-scatter: every rank sends chunk ``q`` of its input to rank ``q`` and adds the
+  ``world_size - 1`` chunks it receives to its own, in rank order. Each rank sends and receives
+  ``(world_size - 1) / world_size`` of the data, a ring's volume (half of what an all-reduce moves).
+  Measured on loopback, 2 ranks: the reduce-scatter takes 0.4-0.6x the time of gloo's all-reduce
+  (4-16 MB) and 0.3-0.5x of gloo's reduce-scatter; the all-gather 0.6-0.75x of one broadcast per owner
+  and 0.3-0.5x of gloo's all-gather (0.5-2 MB). Other reduce ops use an all-reduce and a slice copy.
   ``DSCORE_GLOO_NATIVE=1`` turns the fast paths off (gloo's own calls are used). Pass
   ``input_reusable=True`` to :meth:`Comm.reduce_scatter_tensor` when the input may be overwritten: the
   all-reduce fallback then runs in place instead of on a copy, and ``output`` may alias this rank's chunk.
@@ -104,9 +105,10 @@ def _pairwise_op(op: Any) -> bool:
     return op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG
 
 
-# point-to-point tag of the pairwise reduce-scatter; keeps its transfers apart from a caller's own
-# send/recv on the same group (those default to tag 0)
+# point-to-point tags of the pairwise reduce-scatter and all-gather; keep their transfers apart from a
+# caller's own send/recv on the same group (those default to tag 0)
 _PAIRWISE_TAG = 0x5C
+_ALLGATHER_TAG = 0x5D
 
 
 class Work:
@@ -523,7 +525,7 @@ class Comm:
 
         Shapes: ``output.numel() == world_size * input.numel()``, same dtype; ``output`` contiguous (any
         shapes otherwise: the tensors are viewed flat). ``input`` may be this rank's chunk of ``output``.
-        On gloo: one broadcast per owner (module docstring).
+        On gloo: a pairwise point-to-point exchange (module docstring).
 
         Raises:
             DistributedError: the sizes do not match, or ``output`` is not contiguous.
@@ -547,16 +549,18 @@ class Comm:
             own = flat_out[rank * n : (rank + 1) * n]
             if own.data_ptr() != input.data_ptr():
                 own.copy_(input.reshape(-1))
-            works = [
-                dist.broadcast(
-                    flat_out[q * n : (q + 1) * n],
-                    src=q if grp is None else dist.get_global_rank(grp, q),
-                    group=grp,
-                    async_op=async_op,
-                )
-                for q in range(world)
-            ]
-            return self._result(works, async_op)
+            works = []
+            for q in range(world):
+                if q == rank:
+                    continue
+                peer = q if grp is None else dist.get_global_rank(grp, q)
+                works.append(dist.isend(own, dst=peer, group=grp, tag=_ALLGATHER_TAG))
+                works.append(dist.irecv(flat_out[q * n : (q + 1) * n], src=peer, group=grp, tag=_ALLGATHER_TAG))
+            work = Work(works)
+            if async_op:
+                return work
+            work.wait()
+            return None
         src = input.contiguous().view(-1)
         if src.data_ptr() == flat_out[dist.get_rank(grp) * n :].data_ptr():
             src = src.clone()  # collectives may not read and write the same memory

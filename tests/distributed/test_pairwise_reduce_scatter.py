@@ -1,8 +1,8 @@
-"""The gloo pairwise reduce-scatter of ``Comm`` (sum/avg as a direct exchange of chunks) against
+"""The gloo pairwise reduce-scatter and all-gather of ``Comm`` (sum/avg as a direct exchange of chunks) against
 torch's all-reduce on real gloo ranks: 2 ranks (bitwise equal: a sum of two terms does not depend on
 order) and 3 ranks (more than one peer per rank), fp32 and bf16, the list form, an output aliasing the
 input's own chunk, several reduce-scatters in flight waited in reverse order, and point-to-point
-traffic of the caller on tag 0 interleaved with them."""
+traffic of the caller on tag 0 interleaved with them; and the pairwise all-gather against gloo's own."""
 
 from __future__ import annotations
 
@@ -76,6 +76,22 @@ def _check_pairwise() -> dict[str, object]:
         assert torch.equal(o, reference(i)[rank * 64 : (rank + 1) * 64])
         checked += 1
 
+    # the pairwise all-gather: from a separate input and from this rank's chunk of the output, against
+    # gloo's own all-gather
+    for dtype in (torch.float32, torch.bfloat16):
+        for n in (1, 4099):
+            mine = (torch.arange(n, dtype=torch.float32) + 10_000 * rank).to(dtype)
+            want = torch.empty(world * n, dtype=dtype)
+            dist.all_gather_into_tensor(want, mine.clone())
+            got = torch.full((world * n,), -1.0, dtype=dtype)
+            comm.all_gather_into_tensor(got, mine)
+            assert torch.equal(got, want), (dtype, n)
+            inplace = torch.full((world * n,), -1.0, dtype=dtype)
+            inplace[rank * n : (rank + 1) * n] = mine
+            comm.all_gather_into_tensor(inplace, inplace[rank * n : (rank + 1) * n], async_op=True).wait()
+            assert torch.equal(inplace, want), (dtype, n)
+            checked += 2
+
     # a non-sum op still goes through the all-reduce fallback
     x = torch.tensor([float(rank)] * world)
     mx = torch.empty(1)
@@ -88,4 +104,4 @@ def _check_pairwise() -> dict[str, object]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_pairwise_reduce_scatter_equals_all_reduce(world: int) -> None:
     results = run_distributed(_check_pairwise, world, timeout=180)
-    assert [r["checked"] for r in results] == [28] * world
+    assert [r["checked"] for r in results] == [36] * world
