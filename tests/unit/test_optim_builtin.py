@@ -84,6 +84,22 @@ def test_adam_rejects_bias_correction_false_and_params_model_rules() -> None:
     assert cfg.AdamParams().adam_w_mode is True
 
 
+@pytest.mark.parametrize("given, want", [({}, True), ({"foreach": False}, False), ({"foreach": True}, True)])
+def test_torch_adam_passes_foreach_through(given, want) -> None:
+    """A DeepSpeed config's ``foreach`` reaches torch with ``torch_adam`` (dscore's unset default: for-each)."""
+    opt = build_adamw([{"params": _params()}], _ctx("AdamW", {"torch_adam": True, **given}))
+    assert opt.defaults["foreach"] is want
+    fused = build_adamw([{"params": _params()}], _ctx("AdamW", {"torch_adam": True, "fused": True}))
+    assert fused.defaults["fused"] is True and not fused.defaults["foreach"]
+
+
+def test_foreach_and_fused_need_torch_adam() -> None:
+    with pytest.raises((ConfigError, ValidationError), match="foreach applies only with torch_adam: true"):
+        build_adam([{"params": _params()}], _ctx("Adam", {"foreach": True}))
+    with pytest.raises((ConfigError, ValidationError), match="cannot both be true"):
+        cfg.AdamParams(torch_adam=True, foreach=True, fused=True)
+
+
 def test_lamb_matches_update_rule() -> None:
     hp = dict(lr=0.05, betas=(0.9, 0.99), eps=1e-6, weight_decay=0.01, max_coeff=0.5, min_coeff=0.1)
     ps = _params()

@@ -58,7 +58,9 @@ def _torch_adam(
     groups = [dict(g) for g in param_groups]
     if p.torch_adam:
         given = {k: getattr(p, k) for k in _TORCH_KEYS if k in p.model_fields_set}
-        return cls(groups, foreach=True, **given)
+        if p.fused:
+            return cls(groups, fused=True, foreach=p.foreach, **given)
+        return cls(groups, foreach=True if p.foreach is None else p.foreach, fused=p.fused, **given)
     kwargs: dict[str, Any] = {k: getattr(p, k) for k in _TORCH_KEYS}
     try:
         return cls(groups, fused=True, **kwargs)

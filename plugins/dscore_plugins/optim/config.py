@@ -80,6 +80,25 @@ class AdamParams(AdamFamilyParams):
     """Accepted for FusedAdam compatibility (dscore's engine always sets ``grad = None``)."""
     fp32_optimizer_states: StrictBool = True
     """Accepted for DeepSpeedCPUAdam compatibility (states are always fp32 here)."""
+    foreach: StrictBool | None = None
+    """``torch_adam`` only: torch's ``foreach`` argument, passed through as DeepSpeed passes it. Unset,
+    dscore asks for the for-each implementation (DeepSpeed leaves torch's default, which on CPU is the
+    slower per-parameter loop)."""
+    fused: StrictBool | None = None
+    """``torch_adam`` only: torch's ``fused`` argument, passed through as DeepSpeed passes it."""
+
+    @model_validator(mode="after")
+    def _torch_only_keys(self) -> AdamParams:
+        given = [k for k in ("foreach", "fused") if getattr(self, k) is not None]
+        if given and not self.torch_adam:
+            raise ValueError(
+                f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} only with torch_adam: true "
+                "(torch.optim.Adam/AdamW arguments; "
+                "DeepSpeed's fused Adam does not take them); set torch_adam: true or remove them"
+            )
+        if self.foreach and self.fused:
+            raise ValueError("foreach and fused cannot both be true (torch runs one implementation); pick one")
+        return self
 
 
 class AdamWParams(AdamParams):
