@@ -22,7 +22,7 @@ the fallbacks below live here and nowhere else:
   a caller never needs to know which path ran. ``async_op=False`` returns ``None`` (torch's contract).
 * **One rank.** A group of one rank (or no process group at all: rank 0 of 1, e.g. ``dscore.zero.Init``
   before ``init_distributed``) runs no collective: gathers and reduce-scatters are local copies.
-* **gloo fast paths.** On gloo, ``all_gather_into_tensor`` and a sum/average ``reduce_scatter_tensor`` /
+* **gloo fast paths.** On gloo, ``all_gather_into_tensor`` / ``all_gather`` and a sum/average ``reduce_scatter_tensor`` /
   ``reduce_scatter`` are pairwise point-to-point exchanges, every transfer in flight at once. All-gather:
   every rank sends its chunk to each peer and receives each peer's chunk straight into the output.
   Reduce-scatter: every rank sends chunk ``q`` of its input to rank ``q`` and adds the
@@ -579,12 +579,29 @@ class Comm:
         self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
     ) -> Work | None:
         """``tensor_list[r]`` receives rank ``r``'s ``tensor`` (``len(tensor_list) == world_size``, equal shapes;
-        the outputs need not be contiguous with each other)."""
+        the outputs need not be contiguous with each other). On gloo with contiguous tensors: the pairwise
+        exchange of :meth:`all_gather_into_tensor`, straight into each output."""
         grp = self._group(group)
-        if self.get_world_size(grp) == 1:
+        world = self.get_world_size(grp)
+        if world == 1:
             if tensor_list[0].data_ptr() != tensor.data_ptr():
                 tensor_list[0].copy_(tensor)
             return _DONE if async_op else None
+        if self.gloo_fast(grp) and tensor.is_contiguous() and all(t.is_contiguous() for t in tensor_list):
+            rank = dist.get_rank(grp)
+            if tensor_list[rank].data_ptr() != tensor.data_ptr():
+                tensor_list[rank].copy_(tensor)
+            works = []
+            for q in range(world):
+                if q != rank:
+                    peer = q if grp is None else dist.get_global_rank(grp, q)
+                    works.append(dist.isend(tensor, dst=peer, group=grp, tag=_ALLGATHER_TAG))
+                    works.append(dist.irecv(tensor_list[q], src=peer, group=grp, tag=_ALLGATHER_TAG))
+            work = Work(works)
+            if async_op:
+                return work
+            work.wait()
+            return None
         return self._result(dist.all_gather(tensor_list, tensor, group=grp, async_op=async_op), async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Work | None:

@@ -90,7 +90,13 @@ def _check_pairwise() -> dict[str, object]:
             inplace[rank * n : (rank + 1) * n] = mine
             comm.all_gather_into_tensor(inplace, inplace[rank * n : (rank + 1) * n], async_op=True).wait()
             assert torch.equal(inplace, want), (dtype, n)
-            checked += 2
+            # the list form, into pieces of a larger buffer (as ZeRO's piecewise gathers)
+            big = torch.full((world * (n + 2),), -1.0, dtype=dtype)
+            outs = [big[q * (n + 2) : q * (n + 2) + n] for q in range(world)]
+            comm.all_gather(outs, mine, async_op=True).wait()
+            assert all(torch.equal(o, w) for o, w in zip(outs, want.split(n)))
+            assert torch.equal(big.view(world, n + 2)[:, n:], torch.full((world, 2), -1.0, dtype=dtype))
+            checked += 3
 
     # a non-sum op still goes through the all-reduce fallback
     x = torch.tensor([float(rank)] * world)
@@ -104,4 +110,4 @@ def _check_pairwise() -> dict[str, object]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_pairwise_reduce_scatter_equals_all_reduce(world: int) -> None:
     results = run_distributed(_check_pairwise, world, timeout=180)
-    assert [r["checked"] for r in results] == [36] * world
+    assert [r["checked"] for r in results] == [40] * world

@@ -41,8 +41,8 @@ in stage 1 reads the reduced gradient from this rank's chunk of the gradient buf
 
 Reduction runs on the shared :class:`dscore.zero.reducer.GradientReducer` (this module only decides
 the buckets and where each reduced chunk goes); every collective goes through :class:`dscore.comm.Comm`,
-which on gloo runs reduce-scatter as an in-place all-reduce and all-gather as one broadcast per owner,
-both exact and measured faster there. With ``offload_optimizer.device: cpu`` the optimizer step is
+which on gloo runs reduce-scatter and all-gather as pairwise point-to-point exchanges (a ring's volume,
+measured faster there than gloo's own collectives). With ``offload_optimizer.device: cpu`` the optimizer step is
 :func:`dscore_plugins.zero.offload.step_offloaded`; with ``nvme`` the masters and state live in swap
 files between steps (:mod:`.nvme_optimizer`) and the step writes this rank's chunk of the parameter buffer.
 """
