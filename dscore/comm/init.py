@@ -13,15 +13,31 @@ Who ends the process group (DeepSpeed never does; dscore does, for the group it 
   :func:`dscore.init_distributed`) is *owned* by dscore: :data:`PROCESS_GROUP_OWNER` destroys it before the
   interpreter starts finalizing, from an ``atexit`` hook — so whatever way the script ends (normal end,
   ``sys.exit``, an exception after training, Ctrl-C) it is torn down while Python is still fully alive.
-  Left to interpreter finalization, gloo's worker threads can still hold the last reference to a
-  collective's tensors; dropping it needs the GIL, a thread taking the GIL during finalization is
-  ended with ``pthread_exit``, and that unwinding through a ``noexcept`` C++ frame calls
-  ``std::terminate`` (``terminate called without an active exception``, SIGABRT, exit 134).
 * It is also destroyed when the last open engine built on a group created by ``dscore.initialize`` is
   closed (:meth:`dscore.runtime.engine.DscoreEngine.close`). A group created by an explicit
-  ``dscore.init_distributed()`` call lives until exit (or until the user destroys it).
+  ``dscore.init_distributed()`` lives until exit (or until the user destroys it).
 * A group the user created (``torch.distributed.init_process_group`` before dscore) stays the user's:
-  dscore never destroys it.
+  dscore never destroys it, at exit or ever.
+
+Why a destroyed group must really be *freed*: a gloo group's worker threads hold the last reference to each
+collective's tensors for a moment after the collective completed (and for the whole life of one nobody
+waited on). Dropping a tensor that Python created needs the GIL; a thread that takes the GIL while the
+interpreter finalizes is ended with ``pthread_exit``, and that unwinding through a ``noexcept`` C++
+destructor (``~AsyncWork`` in ``ProcessGroupGloo::runLoop``) calls ``std::terminate``: ``terminate called
+without an active exception``, SIGABRT, exit 134, on a rank whose worker happened to lag (a loaded machine).
+``destroy_process_group`` only unregisters the group; its backend, and so its worker threads, end when the
+last reference to the group object goes, and then the backend joins its workers with the GIL released,
+deterministically. But torch modules imported while the default group exists capture it *as a default
+argument* (``torch.distributed.nn.functional``'s ``group=group.WORLD``, also ``ZeroRedundancyOptimizer``'s
+and ``ShardedGradScaler``'s helpers), and ``torch.optim.Adam`` imports ``torch._dynamo``, which imports
+them: after ``dscore.initialize`` (the group exists before the optimizer is built), such references (ten with torch 2.13, all
+from ``torch.distributed.nn.functional``) keep the group — and its threads — alive past any
+``destroy_process_group`` into interpreter finalization. :func:`release_torch_group_pins` rebinds those
+defaults to ``None`` (torch's own value for "the default group, looked up at call time", which they hold
+when imported before any group exists); dscore calls it when an engine takes the group, at exit (its hook
+runs before any hook registered earlier, the usual place for a user's ``destroy_process_group``) and before
+destroying its own group, so that the user's destroy, or dscore's, joins the worker threads while Python is
+alive.
 """
 
 from __future__ import annotations
@@ -30,8 +46,10 @@ import atexit
 import importlib
 import logging
 import os
+import sys
 import threading
 import time
+import types
 import weakref
 from collections.abc import Mapping
 from datetime import timedelta
@@ -56,6 +74,7 @@ __all__ = [
     "ProcessGroupOwner",
     "default_timeout",
     "init_distributed",
+    "release_torch_group_pins",
     "resolve_comm_backend",
 ]
 
@@ -70,7 +89,9 @@ class ProcessGroupOwner:
     One instance per process (:data:`PROCESS_GROUP_OWNER`): torch.distributed's default group is itself
     process-wide. The rule it enforces is in the module docstring: dscore destroys only a group it
     created, at interpreter exit (``atexit``) and when the last open engine on a group created by
-    ``dscore.initialize`` is closed; a group created by the user is never touched.
+    ``dscore.initialize`` is closed; a group created by the user is never touched. For every group, its
+    own or the user's, it removes the references torch modules captured at import
+    (:func:`release_torch_group_pins`) so that destroying the group ends its worker threads.
     """
 
     def __init__(self) -> None:
@@ -80,15 +101,29 @@ class ProcessGroupOwner:
         self._leases = 0
         self._atexit_registered = False
 
+    def _register_exit_hook(self) -> None:
+        # called with self._lock held; atexit runs hooks last-in first-out, so this one runs before any
+        # hook registered earlier (a user's destroy_process_group, typically)
+        if not self._atexit_registered:
+            atexit.register(self.destroy_at_exit)
+            self._atexit_registered = True
+
     def note_created(self) -> None:
         """Record that dscore just created the default group (called by :func:`init_distributed`)."""
         with self._lock:
             self._group = weakref.ref(dist.group.WORLD)
             self._created_by_engine = False
             self._leases = 0
-            if not self._atexit_registered:
-                atexit.register(self.destroy_at_exit)
-                self._atexit_registered = True
+            self._register_exit_hook()
+
+    def note_adopted(self) -> None:
+        """Record that dscore uses a default group it did not create (called by :func:`init_distributed`).
+
+        Only the exit hook is registered (it releases torch's import-time references, see
+        :func:`release_torch_group_pins`); the group stays the user's.
+        """
+        with self._lock:
+            self._register_exit_hook()
 
     def owns_default_group(self) -> bool:
         """True when a default group exists and it is the one dscore created."""
@@ -97,11 +132,18 @@ class ProcessGroupOwner:
         return self._group() is dist.group.WORLD
 
     def acquire(self, comm: Comm) -> None:
-        """An engine starts using the default group through ``comm`` (one lease per engine)."""
+        """An engine starts using the default group through ``comm`` (one lease per engine).
+
+        Engines are built after their optimizer, whose construction imports ``torch._dynamo`` and with
+        it the torch modules that capture the default group (:func:`release_torch_group_pins`): their
+        references are released here, whoever created the group.
+        """
         with self._lock:
             self._leases += 1
             if comm.owns_group and self.owns_default_group():
                 self._created_by_engine = True
+            self._register_exit_hook()
+        release_torch_group_pins()
 
     def release(self) -> bool:
         """An engine is done with the group; destroy it when it was the last one and an engine's
@@ -114,8 +156,9 @@ class ProcessGroupOwner:
     def destroy(self, why: str) -> bool:
         """Destroy the default group if dscore created it (else leave it alone). Returns True if destroyed.
 
-        When nothing else references the group, this also ends its backend: gloo drains its queue and
-        joins its worker threads here, with the GIL released.
+        torch's import-time references to the group are released first, so that when nothing else
+        references it, ``destroy_process_group`` frees it: its backend then finishes the queued
+        collectives and joins its worker threads here, with the GIL released, while Python is alive.
         """
         with self._lock:
             if not self.owns_default_group():
@@ -125,21 +168,98 @@ class ProcessGroupOwner:
             self._created_by_engine = False
             self._leases = 0
         log.debug("destroying the process group dscore created (%s)", why)
+        release_torch_group_pins()
         dist.destroy_process_group()
         if group is not None and group() is not None:
-            # something still references the group object, so its backend (and worker threads) lives
-            # on until finalization: let workers that are about to drop finished collectives take the
-            # GIL now, while the interpreter is alive, rather than during finalization
-            log.debug("the destroyed process group is still referenced; waiting for its threads to go idle")
+            # a reference dscore cannot remove (user code keeping the group object) keeps the backend
+            # and its worker threads alive into finalization; the best left to do is to let workers that
+            # are about to drop finished collectives take the GIL now, while the interpreter is alive
+            log.debug("the destroyed process group is still referenced elsewhere; waiting for its threads to go idle")
             _wait_for_idle_backend_threads()
         return True
 
     def destroy_at_exit(self) -> None:
-        """The ``atexit`` hook: tear the owned group down while the interpreter is still fully alive."""
+        """The ``atexit`` hook: tear the owned group down while the interpreter is still fully alive.
+
+        For a group the user created it only releases torch's import-time references to it (modules
+        imported after the engine was built), so that the user's own ``destroy_process_group`` — in a
+        hook registered before dscore's, or at the end of the script — ends its threads; the group itself
+        is left alone.
+        """
         try:
-            self.destroy("the interpreter is exiting")
+            if not self.destroy("the interpreter is exiting"):
+                release_torch_group_pins()
         except Exception as exc:  # noqa: BLE001 - exit must go on; say what happened
-            log.warning("could not destroy the process group at exit: %s", exc)
+            log.warning("could not end the process group cleanly at exit: %s", exc)
+
+
+# the torch packages whose modules capture ``group.WORLD`` in default arguments at import time
+_PINNING_PACKAGE = "torch.distributed"
+
+
+def release_torch_group_pins(group: Any = None) -> int:
+    """Rebind default arguments of ``torch.distributed`` functions that hold ``group`` to ``None``.
+
+    Some torch modules write ``def f(..., group=group.WORLD)``: the default is evaluated when the module
+    is imported, so a module imported while a default group exists holds that group object for the
+    life of the process (``torch.distributed.nn.functional``: ten functions;
+    ``torch.distributed.optim.zero_redundancy_optimizer``; ``ShardedGradScaler.__init__``). Then
+    ``destroy_process_group`` cannot free the group, and the group's worker threads outlive it into
+    interpreter finalization (the abort explained in the module docstring). ``None`` is the value these
+    defaults hold when the module is imported before any group exists, and every torch.distributed call
+    reads it as "the default group", looked up at call time: the functions behave the same while the
+    group exists, and correctly after it was replaced.
+
+    Only loaded modules under ``torch.distributed`` are scanned (module-level functions and the methods
+    of classes defined there; about 3 ms with ``torch._dynamo`` loaded); objects are compared by identity.
+
+    Args:
+        group: the process group object to release (default: the current default group; nothing to do
+            without one).
+
+    Returns:
+        The number of default values rebound.
+    """
+    if group is None:
+        if not (dist.is_available() and dist.is_initialized()):
+            return 0
+        group = dist.group.WORLD
+        if group is None:
+            return 0
+    released = 0
+    prefix = _PINNING_PACKAGE + "."
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == _PINNING_PACKAGE or name.startswith(prefix)):
+            continue
+        try:
+            members = list(vars(module).values())
+        except TypeError:
+            continue
+        for value in members:
+            # exact type checks: attribute access on some module members warns (deprecated aliases)
+            if type(value) is types.FunctionType:
+                released += _release_defaults(value, group)
+            elif issubclass(type(value), type) and getattr(value, "__module__", None) == name:
+                for attr in list(vars(value).values()):
+                    func = attr.__func__ if type(attr) in (staticmethod, classmethod) else attr
+                    if type(func) is types.FunctionType:
+                        released += _release_defaults(func, group)
+    if released:
+        log.debug("released %d import-time reference(s) of torch.distributed to the process group", released)
+    return released
+
+
+def _release_defaults(func: types.FunctionType, group: Any) -> int:
+    count = 0
+    defaults = func.__defaults__
+    if defaults and any(d is group for d in defaults):
+        count += sum(1 for d in defaults if d is group)
+        func.__defaults__ = tuple(None if d is group else d for d in defaults)
+    kwdefaults = func.__kwdefaults__
+    if kwdefaults and any(v is group for v in kwdefaults.values()):
+        count += sum(1 for v in kwdefaults.values() if v is group)
+        func.__kwdefaults__ = {k: (None if v is group else v) for k, v in kwdefaults.items()}
+    return count
 
 
 # gloo's worker threads, by the name torch gives them (its I/O loop thread wakes every 10 ms, so it
@@ -174,7 +294,11 @@ def _backend_thread_activity() -> int | None:
 
 def _wait_for_idle_backend_threads() -> None:
     """Release the GIL until the backend threads have neither run nor waited for a CPU for a few polls
-    (a worker dropping a finished collective needs the GIL for a moment), at most ``_IDLE_MAX_S``."""
+    (a worker dropping a finished collective needs the GIL for a moment), at most ``_IDLE_MAX_S``.
+
+    A best effort, used only when a destroyed group is still referenced by code dscore does not control
+    (the group then cannot be freed, so its threads cannot be joined).
+    """
     deadline = time.monotonic() + _IDLE_MAX_S
     last, quiet = _backend_thread_activity(), 0
     if last is None:
@@ -344,6 +468,7 @@ def init_distributed(
                 )
             backend_name = spec.name
         env = _env_of_existing_group(environ)
+        PROCESS_GROUP_OWNER.note_adopted()
         if verbose:
             log.info("reusing the existing process group (backend %s, rank %d of %d)", existing, env.rank, env.world_size)
     else:
