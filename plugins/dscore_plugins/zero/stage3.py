@@ -505,9 +505,12 @@ class Stage3(ZeroStage):
             self._in_use.add(id(s.unit))
         timers = active_timers()
         t0 = time.perf_counter()
+        # launch this module's gathers and the prefetches before waiting, so all are in flight together
         for s in units:
-            self._fetch(s)
+            self._fetch(s, async_op=True)
         self._prefetch(mod, +1)
+        for s in units:
+            s.unit.wait()
         if timers is not None:
             timers.add("forward.allgather_wait", time.perf_counter() - t0)
 
@@ -533,8 +536,10 @@ class Stage3(ZeroStage):
         for s in units:
             if s.trainable:
                 self._in_use.add(id(s.unit))
-            self._fetch(s)
+            self._fetch(s, async_op=True)
         self._prefetch(mod, -1)
+        for s in units:
+            s.unit.wait()
 
     def _reduce_launched(self, b: ReduceBucket) -> None:
         assert isinstance(b, UnitBucket)
