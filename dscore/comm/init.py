@@ -163,18 +163,18 @@ class ProcessGroupOwner:
         with self._lock:
             if not self.owns_default_group():
                 return False
-            group = self._group
             self._group = None
             self._created_by_engine = False
             self._leases = 0
         log.debug("destroying the process group dscore created (%s)", why)
         release_torch_group_pins()
         dist.destroy_process_group()
-        if group is not None and group() is not None:
-            # a reference dscore cannot remove (user code keeping the group object) keeps the backend
-            # and its worker threads alive into finalization; the best left to do is to let workers that
-            # are about to drop finished collectives take the GIL now, while the interpreter is alive
-            log.debug("the destroyed process group is still referenced elsewhere; waiting for its threads to go idle")
+        if _backend_thread_activity() is not None:
+            # some group survived its destroy: the default one kept by code dscore does not control, or a
+            # sub-group a live engine still holds (the pipeline engine's stage groups). Its backend and
+            # worker threads then live into finalization; the best left to do is to let workers that are
+            # about to drop finished collectives take the GIL now, while the interpreter is alive
+            log.debug("a destroyed process group is still referenced; waiting for its threads to go idle")
             _wait_for_idle_backend_threads()
         return True
 
@@ -296,8 +296,8 @@ def _wait_for_idle_backend_threads() -> None:
     """Release the GIL until the backend threads have neither run nor waited for a CPU for a few polls
     (a worker dropping a finished collective needs the GIL for a moment), at most ``_IDLE_MAX_S``.
 
-    A best effort, used only when a destroyed group is still referenced by code dscore does not control
-    (the group then cannot be freed, so its threads cannot be joined).
+    A best effort, used only when a destroyed group is still referenced (by code dscore does not control,
+    or by a live engine's sub-group), so it cannot be freed and its threads cannot be joined.
     """
     deadline = time.monotonic() + _IDLE_MAX_S
     last, quiet = _backend_thread_activity(), 0
