@@ -23,6 +23,54 @@ import warnings
 from typing import Any
 
 
+def rows_wanted(no_deepspeed: bool, require_deepspeed: bool, rows: str, log: logging.Logger) -> bool:
+    """Whether a benchmark adds its DeepSpeed rows (``rows`` names them in the log line).
+
+    Raises:
+        SystemExit: 2 when both flags are given, or ``--require-deepspeed`` and DeepSpeed is not importable
+            by this interpreter (the side-by-side run must not skip it silently).
+    """
+    import importlib.util
+    import sys
+
+    if no_deepspeed and require_deepspeed:
+        log.error("--no-deepspeed and --require-deepspeed contradict each other")
+        raise SystemExit(2)
+    if no_deepspeed:
+        log.info("DeepSpeed: skipped (--no-deepspeed)")
+        return False
+    if importlib.util.find_spec("deepspeed") is None:
+        if require_deepspeed:
+            log.error("DeepSpeed: not importable by %s (--require-deepspeed); set up the bench venv as "
+                      "bench/README.md says", sys.executable)
+            raise SystemExit(2)
+        log.info("DeepSpeed: not installed (pip install 'dscore[bench]' for the side-by-side run); skipping")
+        return False
+    from importlib.metadata import version
+
+    log.info("DeepSpeed %s: rows %s (DS_ACCELERATOR=cpu, gloo)", version("deepspeed"), rows)
+    return True
+
+
+def train_step(engine: Any, forward: Any, timers: Any = None) -> None:
+    """One DeepSpeed training step: ``loss = forward()``, ``engine.backward(loss)``, ``engine.step()``; with
+    ``timers`` (the bench's phase timers: ``start(name)`` / ``stop(name)``) each phase is timed by hand, as
+    DeepSpeed's own ``wall_clock_breakdown`` only logs."""
+    if timers is None:
+        engine.backward(forward())
+        engine.step()
+        return
+    timers.start("forward")
+    loss = forward()
+    timers.stop("forward")
+    timers.start("backward")
+    engine.backward(loss)
+    timers.stop("backward")
+    timers.start("step")
+    engine.step()
+    timers.stop("step")
+
+
 def config(dscore_config: dict[str, Any]) -> dict[str, Any]:
     """A deep copy of ``dscore_config`` with ``optimizer.params.foreach = True`` (see the module doc)."""
     cfg = copy.deepcopy(dscore_config)

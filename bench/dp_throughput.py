@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
-import importlib.util
 import logging
 import os
 import resource
@@ -201,25 +200,13 @@ def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warm
 
     elif variant.startswith("deepspeed"):
         stage = int(variant[-1])
-        engine, checked = _deepspeed_peer().initialize(model, _dscore_config(stage, micro))
+        peer = _deepspeed_peer()
+        engine, checked = peer.initialize(model, _dscore_config(stage, micro))
         # DeepSpeed's own wall_clock_breakdown only logs; its rows are timed by hand per engine call
         ds_timers = PhaseTimers().activate() if profile else None
 
         def one_step() -> None:
-            if ds_timers is None:
-                loss = F.mse_loss(engine(x), y)
-                engine.backward(loss)
-                engine.step()
-                return
-            ds_timers.start("forward")
-            loss = F.mse_loss(engine(x), y)
-            ds_timers.stop("forward")
-            ds_timers.start("backward")
-            engine.backward(loss)
-            ds_timers.stop("backward")
-            ds_timers.start("step")
-            engine.step()
-            ds_timers.stop("step")
+            peer.train_step(engine, lambda: F.mse_loss(engine(x), y), ds_timers)
 
     else:
         import dscore
@@ -314,21 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     variants = ["ddp"] + [f"dscore-stage{s}" for s in stages]
     if not args.no_fsdp2:
         variants.append("fsdp2")
-    if args.no_deepspeed and args.require_deepspeed:
-        parser.error("--no-deepspeed and --require-deepspeed contradict each other")
-    if args.no_deepspeed:
-        log.info("DeepSpeed: skipped (--no-deepspeed)")
-    elif importlib.util.find_spec("deepspeed") is None:
-        if args.require_deepspeed:
-            log.error("DeepSpeed: not importable by %s (--require-deepspeed); set up the bench venv as "
-                      "bench/README.md says", sys.executable)
-            return 2
-        log.info("DeepSpeed: not installed (pip install 'dscore[bench]' for the side-by-side run); skipping")
-    else:
-        from importlib.metadata import version
-
-        log.info("DeepSpeed %s: rows deepspeed-stage%s (DS_ACCELERATOR=cpu, gloo)", version("deepspeed"),
-                 ",".join(map(str, stages)))
+    rows = ", ".join(f"deepspeed-stage{s}" for s in stages)
+    if _deepspeed_peer().rows_wanted(args.no_deepspeed, args.require_deepspeed, rows, log):
         variants += [f"deepspeed-stage{s}" for s in stages]
     results: dict[tuple[int, str], list[list[dict[str, Any]]]] = {(w, v): [] for w in widths for v in variants}
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}

@@ -25,7 +25,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import statistics
@@ -113,19 +112,7 @@ def _worker(variant: str, steps: int, warmup: int, profile: bool = False) -> dic
         def one_step(step: int) -> None:
             for m in range(GAS):
                 x, y = batch(step, m)
-                if ds_timers is None:
-                    engine.backward(engine(x, y))
-                    engine.step()
-                    continue
-                ds_timers.start("forward")
-                loss = engine(x, y)
-                ds_timers.stop("forward")
-                ds_timers.start("backward")
-                engine.backward(loss)
-                ds_timers.stop("backward")
-                ds_timers.start("step")
-                engine.step()
-                ds_timers.stop("step")
+                _deepspeed_peer.train_step(engine, lambda x=x, y=y: engine(x, y), ds_timers)
 
     else:
         import dscore
@@ -172,20 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     from dscore.testing import run_distributed
 
     variants = ["ddp", "dscore-zero0", "dscore-zero2"]
-    if args.no_deepspeed and args.require_deepspeed:
-        parser.error("--no-deepspeed and --require-deepspeed contradict each other")
-    if args.no_deepspeed:
-        log.info("DeepSpeed: skipped (--no-deepspeed)")
-    elif importlib.util.find_spec("deepspeed") is None:
-        if args.require_deepspeed:
-            log.error("DeepSpeed: not importable by %s (--require-deepspeed); set up the bench venv as "
-                      "bench/README.md says", sys.executable)
-            return 2
-        log.info("DeepSpeed: not installed (pip install 'dscore[bench]' for the side-by-side run); skipping")
-    else:
-        from importlib.metadata import version
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _deepspeed_peer
 
-        log.info("DeepSpeed %s: rows deepspeed-zero0, deepspeed-zero2 (DS_ACCELERATOR=cpu, gloo)", version("deepspeed"))
+    if _deepspeed_peer.rows_wanted(args.no_deepspeed, args.require_deepspeed, "deepspeed-zero0, deepspeed-zero2", log):
         variants += ["deepspeed-zero0", "deepspeed-zero2"]
     results: dict[str, list[float]] = {v: [] for v in variants}
     env = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
