@@ -725,21 +725,10 @@ def save_16bit_model(engine: Any, save_dir: str | os.PathLike[str], save_filenam
             if t.untyped_storage().nbytes() != t.numel() * t.element_size() or not t.is_contiguous():
                 t = t.clone(memory_format=torch.contiguous_format)
             plain[k] = t
-        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            if save_filename.endswith(".safetensors"):
-                write_tensor_file(tmp, plain, {"format": "pt"}, fsync=L.durable())
-            else:
-                torch.save(plain, tmp)
-                if L.durable():
-                    with open(tmp, "rb+") as f:
-                        os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        L.fsync_dir(os.path.dirname(path))
+        if save_filename.endswith(".safetensors"):
+            L.atomic_write(path, lambda tmp: write_tensor_file(tmp, plain, {"format": "pt"}, fsync=False))
+        else:
+            L.atomic_write(path, lambda tmp: torch.save(plain, tmp))
 
     err = _local_error(write)[1] if coll.rank == 0 else None
     _agree(coll, err, f"writing {path}")

@@ -39,6 +39,7 @@ __all__ = [
     "LATEST_FILE",
     "MODEL_FILE",
     "OPTIM_FILE",
+    "atomic_write",
     "atomic_write_bytes",
     "durable",
     "exchange_or_rename",
@@ -105,18 +106,20 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str, data: bytes, *, fsync: bool | None = None) -> None:
-    """Write ``data`` to ``path`` through ``<path>.tmp-<pid>-<random>`` and ``os.replace``.
+def atomic_write(path: str, write: Callable[[str], object], *, fsync: bool | None = None) -> None:
+    """Have ``write(tmp)`` create the file at a private temporary name ``<path>.tmp-<pid>-<random>``, then
+    ``os.replace`` it onto ``path`` (fsync'd first, with its directory after, when ``fsync`` or
+    :func:`durable`).
 
-    A reader sees either the old file or the complete new one; a crash leaves at most a temp file.
+    A reader sees either the old file or the complete new one; a failed ``write`` removes the temporary
+    file and re-raises; a crash leaves at most the temporary file (:func:`remove_stale` clears it).
     """
     fsync = durable() if fsync is None else fsync
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            if fsync:
+        write(tmp)
+        if fsync:
+            with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -127,6 +130,16 @@ def atomic_write_bytes(path: str, data: bytes, *, fsync: bool | None = None) -> 
         raise
     if fsync:
         fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def atomic_write_bytes(path: str, data: bytes, *, fsync: bool | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_write`)."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    atomic_write(path, write, fsync=fsync)
 
 
 _RENAME_EXCHANGE = 2

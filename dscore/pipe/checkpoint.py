@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from dscore.checkpoint._layout import LATEST_FILE, atomic_write, atomic_write_bytes
 from dscore.errors import CheckpointError, CheckpointNotFoundError
 
 __all__ = [
@@ -36,9 +37,9 @@ __all__ = [
     "load_into_layers",
     "optim_file",
     "resolve_tag",
+    "write_latest",
 ]
 
-LATEST_FILE = "latest"
 ENGINE_FILE = "engine_states.pt"
 _LAYER_RE = re.compile(r"^layer_(\d+)-model_states\.pt$")
 
@@ -54,10 +55,14 @@ def optim_file(ckpt_dir: str, stage: int) -> str:
 
 
 def atomic_save(obj: Any, path: str) -> None:
-    """``torch.save`` to a temporary name, then rename (a reader never sees half a file)."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """``torch.save`` through a temporary name and a rename, as every checkpoint file is written (a reader
+    never sees half a file; ``DSCORE_CHECKPOINT_FSYNC=1`` makes it durable)."""
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def write_latest(save_dir: str, tag: str) -> None:
+    """Point ``<save_dir>/latest`` at ``tag`` (atomically; the last step of a complete save)."""
+    atomic_write_bytes(os.path.join(save_dir, LATEST_FILE), tag.encode("utf-8"))
 
 
 def load_file(path: str) -> Any:

@@ -538,10 +538,7 @@ class PipelineEngine(DscoreEngine):
             ckpt.atomic_save(engine_state, os.path.join(path, ckpt.ENGINE_FILE))
         comm.barrier()
         if save_latest and self.global_rank == 0:
-            tmp = os.path.join(save_dir, f".{ckpt.LATEST_FILE}.tmp")
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(tag)
-            os.replace(tmp, os.path.join(save_dir, ckpt.LATEST_FILE))
+            ckpt.write_latest(save_dir, tag)
         comm.barrier()
         if self._pm is not None and self._pm.has_implementations("dscore_checkpoint_saved"):
             self._pm.call("dscore_checkpoint_saved", engine=self, save_dir=save_dir, tag=tag)
