@@ -314,6 +314,16 @@ class Comm:
         return None
 
     @staticmethod
+    def _launched(works: list[Any], async_op: bool, finish: Callable[[], Any] | None = None) -> Work | None:
+        """Point-to-point transfers already started asynchronously: their :class:`Work` (async), or None
+        once waited for and finished (sync)."""
+        work = Work(works, finish)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    @staticmethod
     def _require_floating(tensor: torch.Tensor, what: str) -> None:
         if not (tensor.is_floating_point() or tensor.is_complex()):
             raise DistributedError(
@@ -492,11 +502,7 @@ class Comm:
             if _is_avg(rop):
                 flat_out.div_(world)
 
-        work = Work(works, finish)
-        if async_op:
-            return work
-        work.wait()
-        return None
+        return self._launched(works, async_op, finish)
 
     def _emulated_slice(self, full: torch.Tensor, output: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
         """All-reduce the flat ``full`` (world_size x output.numel() elements), then copy this rank's slice."""
@@ -545,22 +551,7 @@ class Comm:
                 flat_out.copy_(input.reshape(-1))
             return _DONE if async_op else None
         if self.gloo_fast(grp):
-            rank = dist.get_rank(grp)
-            own = flat_out[rank * n : (rank + 1) * n]
-            if own.data_ptr() != input.data_ptr():
-                own.copy_(input.reshape(-1))
-            works = []
-            for q in range(world):
-                if q == rank:
-                    continue
-                peer = q if grp is None else dist.get_global_rank(grp, q)
-                works.append(dist.isend(own, dst=peer, group=grp, tag=_ALLGATHER_TAG))
-                works.append(dist.irecv(flat_out[q * n : (q + 1) * n], src=peer, group=grp, tag=_ALLGATHER_TAG))
-            work = Work(works)
-            if async_op:
-                return work
-            work.wait()
-            return None
+            return self._pairwise_all_gather(input.reshape(-1), list(flat_out.split(n)), grp, async_op)
         src = input.contiguous().view(-1)
         if src.data_ptr() == flat_out[dist.get_rank(grp) * n :].data_ptr():
             src = src.clone()  # collectives may not read and write the same memory
@@ -588,21 +579,28 @@ class Comm:
                 tensor_list[0].copy_(tensor)
             return _DONE if async_op else None
         if self.gloo_fast(grp) and tensor.is_contiguous() and all(t.is_contiguous() for t in tensor_list):
-            rank = dist.get_rank(grp)
-            if tensor_list[rank].data_ptr() != tensor.data_ptr():
-                tensor_list[rank].copy_(tensor)
-            works = []
-            for q in range(world):
-                if q != rank:
-                    peer = q if grp is None else dist.get_global_rank(grp, q)
-                    works.append(dist.isend(tensor, dst=peer, group=grp, tag=_ALLGATHER_TAG))
-                    works.append(dist.irecv(tensor_list[q], src=peer, group=grp, tag=_ALLGATHER_TAG))
-            work = Work(works)
-            if async_op:
-                return work
-            work.wait()
-            return None
+            return self._pairwise_all_gather(tensor, tensor_list, grp, async_op)
         return self._result(dist.all_gather(tensor_list, tensor, group=grp, async_op=async_op), async_op)
+
+    def _pairwise_all_gather(
+        self, src: torch.Tensor, outs: Sequence[torch.Tensor], grp: Any, async_op: bool
+    ) -> Work | None:
+        """``outs[q]`` receives rank ``q``'s ``src`` by direct exchange (gloo fast path, module docstring).
+
+        ``src`` and every ``outs[q]`` contiguous, with equal element counts; ``src`` may be ``outs[rank]``.
+        This rank's ``src`` goes to every peer by ``isend`` (read until the work completes) and each peer's
+        arrives by ``irecv`` straight into its output.
+        """
+        rank = dist.get_rank(grp)
+        if outs[rank].data_ptr() != src.data_ptr():
+            outs[rank].copy_(src.view_as(outs[rank]))
+        works = []
+        for q in range(len(outs)):
+            if q != rank:
+                peer = q if grp is None else dist.get_global_rank(grp, q)
+                works.append(dist.isend(src, dst=peer, group=grp, tag=_ALLGATHER_TAG))
+                works.append(dist.irecv(outs[q], src=peer, group=grp, tag=_ALLGATHER_TAG))
+        return self._launched(works, async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Work | None:
         """Copy global rank ``src``'s ``tensor`` into ``tensor`` on every rank (in place)."""
