@@ -378,9 +378,11 @@ class Comm:
         ``output`` contiguous (any shapes otherwise: the tensors are viewed flat).
 
         Args:
-            input_reusable: the caller does not need ``input`` afterwards, so the gloo fast path (and the
-                emulation) may all-reduce it in place instead of a copy. ``output`` may then alias this
-                rank's slice of ``input`` (contiguous ``input`` only).
+            input_reusable: the caller does not need ``input`` afterwards, so the all-reduce fallback may
+                run on it in place instead of a copy.
+
+        ``output`` may alias this rank's slice of ``input`` on every path (the pairwise exchange and the
+        emulation write it last; a backend's native call receives into a temporary that is copied in).
 
         Raises:
             DistributedError: the sizes do not match, or ``output`` is not contiguous.
@@ -416,8 +418,14 @@ class Comm:
 
         def native() -> Any:
             # flat views: gloo checks dim 0 (output.shape[0] * world == input.shape[0]); the contract is numel
-            work = native_fn(output.view(-1), input.contiguous().view(-1), op=rop, group=grp, async_op=async_op)
-            return self._result(work, async_op)
+            src = input.contiguous().view(-1)
+            dst = output.view(-1)
+            if dst.untyped_storage().data_ptr() != src.untyped_storage().data_ptr():
+                return self._result(native_fn(dst, src, op=rop, group=grp, async_op=async_op), async_op)
+            # an output inside the input: receive into a temporary (backends may not read and write one buffer)
+            tmp = torch.empty_like(dst)
+            work = native_fn(tmp, src, op=rop, group=grp, async_op=async_op)
+            return self._result(work, async_op, lambda: dst.copy_(tmp))
 
         return self._native_or_emulated("reduce_scatter_tensor", native, emulated)
 

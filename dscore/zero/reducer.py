@@ -132,7 +132,6 @@ class GradientReducer:
         self.comm = comm
         self.rank = comm.rank
         self.world = comm.world_size
-        self.gloo_fast = comm.gloo_fast()
         self.buckets = list(buckets)
         self.reduce_scatter = reduce_scatter
         self.copy_on_hook = copy_on_hook
@@ -305,13 +304,7 @@ class GradientReducer:
             b.work = works[0] if len(works) == 1 else Work(works)
             b.out = None
         elif self.reduce_scatter:
-            aliased = target.data_ptr() == inp[self.rank * b.chunk :].data_ptr()
-            direct = (
-                not self.accumulate
-                and target.dtype == inp.dtype
-                and target.device == inp.device
-                and (not aliased or self.gloo_fast)
-            )
+            direct = not self.accumulate and target.dtype == inp.dtype and target.device == inp.device
             out = target if direct else torch.empty(b.chunk, dtype=inp.dtype, device=inp.device)
             b.work = comm.reduce_scatter_tensor(out, inp, async_op=True, input_reusable=True)
             b.out = None if direct else out
