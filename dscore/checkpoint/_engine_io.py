@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import socket
 import sys
 import time
@@ -30,11 +29,8 @@ logger = logging.getLogger("dscore.checkpoint")
 _TAG_VALIDATION_MODES = ("IGNORE", "WARN", "FAIL")
 
 
-def _agree(comm: Comm, error: BaseException | None, what: str, payload: Any = None) -> list[Any]:
-    """:meth:`Comm.agree` with the checkpoint error types: every rank raises the same error when one failed."""
-    return comm.agree(
-        error, what, payload, error_types=(CheckpointNotFoundError, CheckpointError), default_error=CheckpointError
-    )
+_agree = L.agree  # Comm.agree with the checkpoint error types (shared with the pipeline engine's saves)
+_local_error = L.capture
 
 
 # ------------------------------------------------------------------------------------- engine access
@@ -183,13 +179,6 @@ def _seed_everything(seed: int, acc: Any) -> None:
 # ------------------------------------------------------------------------------------------- save
 
 
-def _local_error(fn: Any, *args: Any, **kwargs: Any) -> tuple[Any, BaseException | None]:
-    try:
-        return fn(*args, **kwargs), None
-    except Exception as exc:
-        return None, exc
-
-
 def save_checkpoint(
     engine: Any,
     save_dir: str | os.PathLike[str],
@@ -250,29 +239,13 @@ def save_checkpoint(
         info["token"] = uuid.uuid4().hex
     infos = _agree(coll, err, "validating the checkpoint request", info)
     assert local is not None
-    tags = [i["tag"] for i in infos]
-    tag_text = tags[0]
-    if len(set(tags)) > 1 and local["mode"] != "IGNORE":
-        listing = ", ".join(f"rank {r}: {t!r}" for r, t in enumerate(tags))
-        message = (
-            f"the checkpoint tag is not the same on every rank ({listing}); pass the same tag on every rank or "
-            "tag=None for 'global_step<N>'"
-        )
-        if local["mode"] == "FAIL":
-            raise CheckpointError(message + " (checkpoint.tag_validation is FAIL)")
-        if rank == 0:
-            logger.warning("%s; saving under rank 0's tag %r (checkpoint.tag_validation is WARN)", message, tag_text)
+    tag_text = L.choose_tag([i["tag"] for i in infos], local["mode"], rank)
     save_dir = os.path.abspath(os.fspath(save_dir))
     tag_dir = os.path.join(save_dir, tag_text)
-    tmp_dir = os.path.join(save_dir, f".{tag_text}.tmp-{infos[0]['token']}")
+    tmp_dir = L.tmp_dir_path(save_dir, tag_text, infos[0]["token"])
 
     # Phase 2 - rank 0 prepares the private temporary tag directory.
-    def prepare() -> None:
-        os.makedirs(save_dir, exist_ok=True)
-        L.remove_stale(save_dir, tag_text)
-        os.mkdir(tmp_dir)
-
-    err = _local_error(prepare)[1] if rank == 0 else None
+    err = _local_error(L.prepare_tmp_dir, save_dir, tag_text, tmp_dir)[1] if rank == 0 else None
     _agree(coll, err, f"creating {tmp_dir}")
 
     durable = L.durable()
@@ -350,35 +323,8 @@ def save_checkpoint(
 
     # Phase 4 - rank 0 seals the directory, publishes it under its tag, then moves `latest`.
     def publish() -> None:
-        files: dict[str, dict[str, int]] = {}
-        for r, m in enumerate(manifests):
-            for name, nbytes in m.items():
-                path = os.path.join(tmp_dir, name)
-                if not os.path.exists(path):
-                    raise CheckpointError(
-                        f"rank {r} ({infos[r]['host']}) wrote {name} but rank 0 cannot see it in {tmp_dir}: save_dir "
-                        "must be on a filesystem shared by every rank"
-                    )
-                files[name] = {"rank": r, "bytes": int(nbytes)}
-        manifest = {
-            "format": L.FORMAT,
-            "format_version": L.FORMAT_VERSION,
-            "tag": tag_text,
-            "world_size": world,
-            "zero_stage": view.zero_stage,
-            "global_steps": int(engine.global_steps),
-            "created_unix_s": time.time(),
-            "torch_version": torch.__version__,
-            "files": files,
-        }
-        L.atomic_write_bytes(os.path.join(tmp_dir, L.COMPLETE_FILE), json.dumps(manifest, indent=1).encode())
-        L.fsync_dir(tmp_dir)
-        old = L.exchange_or_rename(tmp_dir, tag_dir)
-        L.fsync_dir(save_dir)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        if save_latest:
-            L.atomic_write_bytes(os.path.join(save_dir, L.LATEST_FILE), tag_text.encode("utf-8"))
+        fields = {"zero_stage": view.zero_stage, "global_steps": int(engine.global_steps)}
+        L.publish(save_dir, tag_text, tmp_dir, manifests, [i["host"] for i in infos], fields, save_latest=save_latest)
 
     err = _local_error(publish)[1] if rank == 0 else None
     _agree(coll, err, f"publishing checkpoint {tag_dir}")
@@ -432,31 +378,6 @@ def _load_module(engine: Any, view: Any, state: dict[str, Any], *, strict: bool)
                 now_trainable,
             )
     view.zero.load_module_state_dict(saved, strict=False)
-
-
-def _check_files(tag_dir: str, manifest: dict[str, Any], names: list[str]) -> None:
-    files = manifest.get("files", {})
-    saved_world = manifest.get("world_size", "?")
-    for name in names:
-        entry = files.get(name)
-        writer = f"rank {entry['rank']}" if entry else "an unknown rank"
-        path = os.path.join(tag_dir, name)
-        if entry is None:
-            raise CheckpointError(
-                f"checkpoint {tag_dir} does not list {name} in its {L.COMPLETE_FILE} manifest (files: "
-                f"{', '.join(sorted(files))})"
-            )
-        try:
-            size = os.path.getsize(path)
-        except FileNotFoundError:
-            raise CheckpointNotFoundError(
-                f"checkpoint {tag_dir} is missing {name}, the file written by {writer} of {saved_world} at save"
-            ) from None
-        if size != entry["bytes"]:
-            raise CheckpointError(
-                f"checkpoint file {path} (written by {writer} of {saved_world}) is {size} bytes but the manifest "
-                f"records {entry['bytes']}: it was truncated or modified after the save"
-            )
 
 
 def _meta_json(meta: dict[str, str], key: str, path: str) -> Any:
@@ -604,7 +525,7 @@ def load_checkpoint(
         if not load_module_only:
             needed.append(L.OPTIM_FILE)
             needed.append(own if own is not None else L.rank_file(0))
-        _check_files(tag_dir, manifest, needed)
+        L.check_files(tag_dir, manifest, needed)
         out: dict[str, Any] = {"manifest": manifest}
         out["module"], _ = read_tensor_file(model_path)
         e_path = os.path.join(tag_dir, L.ENGINE_FILE)

@@ -13,6 +13,10 @@ Layout of one save directory (every name here is a constant below)::
 A tag directory only ever appears under its final name complete: it is assembled under a hidden
 temporary name and renamed (exchanged, when the tag already exists) in one step after every rank
 finished writing and ``_COMPLETE`` is in it. ``latest`` is replaced by rename after that.
+
+Pipeline checkpoints (:mod:`dscore.pipe.checkpoint`) hold other file names but follow the same rules
+through the same helpers (the phases of a save, :func:`resolve_tag`); their ``_COMPLETE`` says
+``"kind": "pipeline"`` (absent: ``"standard"``), so each engine refuses the other's checkpoints by name.
 """
 
 from __future__ import annotations
@@ -24,11 +28,15 @@ import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dscore.errors import CheckpointError, CheckpointNotFoundError
+
+if TYPE_CHECKING:
+    from dscore.comm import Comm
 
 __all__ = [
     "COMPLETE_FILE",
@@ -39,19 +47,26 @@ __all__ = [
     "LATEST_FILE",
     "MODEL_FILE",
     "OPTIM_FILE",
+    "agree",
     "atomic_write",
     "atomic_write_bytes",
+    "capture",
+    "check_files",
+    "choose_tag",
     "durable",
     "exchange_or_rename",
     "fsync_dir",
     "is_complete",
     "list_tags",
+    "prepare_tmp_dir",
+    "publish",
     "rank_file",
     "read_latest",
     "read_manifest",
     "remove_stale",
     "resolve_tag",
     "tags_present_text",
+    "tmp_dir_path",
     "validate_tag",
 ]
 
@@ -303,8 +318,19 @@ def _complete_text(save_dir: str) -> str:
     return ", ".join(repr(t) for t in complete) if complete else "none"
 
 
-def resolve_tag(load_dir: str, tag: str | None, *, what: str = "load_checkpoint") -> str | None:
+def resolve_tag(
+    load_dir: str,
+    tag: str | None,
+    *,
+    what: str = "load_checkpoint",
+    kind: str = "standard",
+    legacy: Callable[[str], bool] | None = None,
+) -> str | None:
     """Apply the load-path rules; return the tag to load, or None for "nothing to resume from".
+
+    ``kind`` is the checkpoint kind the caller reads (the manifest's ``"kind"``; manifests without one are
+    ``"standard"``); ``legacy(tag_dir)`` may accept a tag directory without ``_COMPLETE`` written by a format
+    older than the marker (the caller then checks its files itself).
 
     Rules (in order):
 
@@ -312,8 +338,9 @@ def resolve_tag(load_dir: str, tag: str | None, *, what: str = "load_checkpoint"
     * ``load_dir`` is a tag directory, or a file inside one -> :class:`CheckpointError` suggesting
       ``load_checkpoint(<save_dir>, tag=<tag>)``; any other file -> :class:`CheckpointError`.
     * ``tag`` is None and there is no ``latest`` -> None (the caller warns, listing the tags present).
-    * the tag (given, or read from ``latest``) is missing or incomplete -> :class:`CheckpointNotFoundError`
-      listing the complete tags.
+    * the tag (given, or read from ``latest``) is missing or incomplete (and not accepted by ``legacy``) ->
+      :class:`CheckpointNotFoundError` listing the complete tags.
+    * the tag was written by another kind of engine -> :class:`CheckpointError` saying which reads it.
     """
     if not os.path.exists(load_dir):
         raise CheckpointNotFoundError(f"checkpoint directory {load_dir} does not exist")
@@ -348,12 +375,29 @@ def resolve_tag(load_dir: str, tag: str | None, *, what: str = "load_checkpoint"
         raise CheckpointNotFoundError(
             f"checkpoint tag {tag!r} ({source}) does not exist in {load_dir}; complete tags: {_complete_text(load_dir)}"
         )
-    if not is_complete(tag_dir):
+    manifest = read_manifest(tag_dir)
+    if manifest is None:
+        if legacy is not None and legacy(tag_dir):
+            return tag
         raise CheckpointNotFoundError(
             f"checkpoint tag {tag!r} ({source}) in {load_dir} is incomplete (no valid {COMPLETE_FILE} marker: the "
             f"save did not finish or the tag was not written by dscore); complete tags: {_complete_text(load_dir)}"
         )
+    saved_kind = str(manifest.get("kind", "standard"))
+    if saved_kind != kind:
+        raise CheckpointError(
+            f"checkpoint {tag_dir} was written by the {saved_kind} engine and {what} here reads {kind} checkpoints; "
+            f"load it with {_KIND_READERS.get(saved_kind, f'an engine of kind {saved_kind!r}')}"
+        )
     return tag
+
+
+#: Who reads a checkpoint of each manifest ``"kind"`` (for the wrong-kind error).
+_KIND_READERS = {
+    "standard": "the standard engine's load_checkpoint (a model that is not a PipelineModule) or "
+    "dscore.checkpoint.get_fp32_state_dict_from_checkpoint",
+    "pipeline": "the pipeline engine's load_checkpoint (a dscore.pipe.PipelineModule) or dscore.pipe.load_into_layers",
+}
 
 
 def tags_present_text(save_dir: str) -> str:
@@ -362,3 +406,162 @@ def tags_present_text(save_dir: str) -> str:
     if not tags:
         return "no tags"
     return ", ".join(f"{t!r}" + ("" if ok else " (incomplete)") for t, ok in tags)
+
+
+# ------------------------------------------------------------------------------------ phases of a save
+#
+# A collective save runs in phases; each ends with :func:`agree`, so an error on any rank is raised on every
+# rank instead of leaving the others waiting: validate the request, rank 0 creates the private temporary
+# directory (:func:`prepare_tmp_dir`), every rank writes its files into it, rank 0 publishes it
+# (:func:`publish`). Both engines (:mod:`dscore.checkpoint`, :mod:`dscore.pipe.checkpoint`) save this way.
+
+
+def capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Exception | None]:
+    """``(fn(*args, **kwargs), None)``, or ``(None, exc)`` when it raised an :class:`Exception`: one rank's
+    outcome of a phase, for :func:`agree` (a ``BaseException`` such as ``KeyboardInterrupt`` propagates)."""
+    try:
+        return fn(*args, **kwargs), None
+    except Exception as exc:
+        return None, exc
+
+
+def agree(comm: Comm, error: BaseException | None, what: str, payload: Any = None) -> list[Any]:
+    """:meth:`dscore.comm.Comm.agree` with the checkpoint error types (collective).
+
+    Returns:
+        every rank's ``payload`` in rank order when no rank failed.
+
+    Raises:
+        CheckpointNotFoundError / CheckpointError: on every rank when any rank failed (other exception types
+            become CheckpointError); the message names ``what`` and the failing ranks with their errors.
+    """
+    return comm.agree(
+        error, what, payload, error_types=(CheckpointNotFoundError, CheckpointError), default_error=CheckpointError
+    )
+
+
+def choose_tag(tags: list[str], mode: str, rank: int) -> str:
+    """The tag a save uses given every rank's tag (``tags[r]`` from rank ``r``), per ``checkpoint.tag_validation``.
+
+    Equal tags are used as they are. Different tags: ``FAIL`` raises; ``WARN`` logs on rank 0 and ``IGNORE``
+    stays silent, both using rank 0's tag (DeepSpeed would write one checkpoint per distinct tag).
+
+    Raises:
+        CheckpointError: the tags differ and ``mode`` is ``FAIL`` (every rank raises it: ``tags`` is agreed).
+    """
+    tag = tags[0]
+    if len(set(tags)) > 1 and mode != "IGNORE":
+        listing = ", ".join(f"rank {r}: {t!r}" for r, t in enumerate(tags))
+        message = (
+            f"the checkpoint tag is not the same on every rank ({listing}); pass the same tag on every rank or "
+            "tag=None for 'global_step<N>'"
+        )
+        if mode == "FAIL":
+            raise CheckpointError(message + " (checkpoint.tag_validation is FAIL)")
+        if rank == 0:
+            logger.warning("%s; saving under rank 0's tag %r (checkpoint.tag_validation is WARN)", message, tag)
+    return tag
+
+
+def tmp_dir_path(save_dir: str, tag: str, token: str) -> str:
+    """The private directory a save of ``tag`` assembles its files in (``<save_dir>/.<tag>.tmp-<token>``)."""
+    return os.path.join(save_dir, f".{tag}.tmp-{token}")
+
+
+def prepare_tmp_dir(save_dir: str, tag: str, tmp_dir: str) -> None:
+    """Create ``save_dir`` when missing, remove leftovers of killed saves of ``tag``, create ``tmp_dir``
+    (rank 0, before any rank writes)."""
+    os.makedirs(save_dir, exist_ok=True)
+    remove_stale(save_dir, tag)
+    os.mkdir(tmp_dir)
+
+
+def publish(
+    save_dir: str,
+    tag: str,
+    tmp_dir: str,
+    written: list[dict[str, int]],
+    hosts: list[str],
+    fields: dict[str, Any],
+    *,
+    save_latest: bool,
+) -> None:
+    """Seal ``tmp_dir`` and publish it as ``<save_dir>/<tag>``, then point ``latest`` at it (rank 0, after
+    every rank wrote its files).
+
+    Writes ``_COMPLETE`` (format, version, tag, world size, torch version, ``fields``, and every file with the
+    rank that wrote it and its size), fsyncs per :func:`durable`, swaps the directory in with
+    :func:`exchange_or_rename` (the previous ``<tag>`` is deleted after), then replaces ``latest``.
+
+    Args:
+        written: per rank (index = rank), ``{file name: bytes}`` of the files it wrote into ``tmp_dir``.
+        hosts: per rank, its host name (for the shared-filesystem error).
+        fields: extra manifest entries (``zero_stage``, ``global_steps``, ``kind``, ...).
+
+    Raises:
+        CheckpointError: a file a rank wrote is not visible here (``save_dir`` not shared), or two ranks
+            wrote the same file.
+        OSError: writing the manifest or renaming failed.
+    """
+    import torch
+
+    files: dict[str, dict[str, int]] = {}
+    for r, names in enumerate(written):
+        for name, nbytes in names.items():
+            if name in files:
+                raise CheckpointError(f"ranks {files[name]['rank']} and {r} both wrote {name} into {tmp_dir}")
+            if not os.path.exists(os.path.join(tmp_dir, name)):
+                raise CheckpointError(
+                    f"rank {r} ({hosts[r]}) wrote {name} but rank 0 cannot see it in {tmp_dir}: save_dir "
+                    "must be on a filesystem shared by every rank"
+                )
+            files[name] = {"rank": r, "bytes": int(nbytes)}
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "tag": tag,
+        "world_size": len(written),
+        **fields,
+        "created_unix_s": time.time(),
+        "torch_version": torch.__version__,
+        "files": files,
+    }
+    atomic_write_bytes(os.path.join(tmp_dir, COMPLETE_FILE), json.dumps(manifest, indent=1).encode())
+    fsync_dir(tmp_dir)
+    old = exchange_or_rename(tmp_dir, os.path.join(save_dir, tag))
+    fsync_dir(save_dir)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    if save_latest:
+        atomic_write_bytes(os.path.join(save_dir, LATEST_FILE), tag.encode("utf-8"))
+
+
+def check_files(tag_dir: str, manifest: dict[str, Any], names: list[str]) -> None:
+    """Check that each file of ``names`` is listed in the manifest and has the size recorded at save.
+
+    Raises:
+        CheckpointNotFoundError: a file is missing (names the rank that wrote it).
+        CheckpointError: a file is not in the manifest, or its size differs (truncated or modified).
+    """
+    files = manifest.get("files", {})
+    saved_world = manifest.get("world_size", "?")
+    for name in names:
+        entry = files.get(name)
+        writer = f"rank {entry['rank']}" if entry else "an unknown rank"
+        path = os.path.join(tag_dir, name)
+        if entry is None:
+            raise CheckpointError(
+                f"checkpoint {tag_dir} does not list {name} in its {COMPLETE_FILE} manifest (files: "
+                f"{', '.join(sorted(files))})"
+            )
+        try:
+            size = os.path.getsize(path)
+        except FileNotFoundError:
+            raise CheckpointNotFoundError(
+                f"checkpoint {tag_dir} is missing {name}, the file written by {writer} of {saved_world} at save"
+            ) from None
+        if size != entry["bytes"]:
+            raise CheckpointError(
+                f"checkpoint file {path} (written by {writer} of {saved_world}) is {size} bytes but the manifest "
+                f"records {entry['bytes']}: it was truncated or modified after the save"
+            )

@@ -28,7 +28,8 @@ Mirrors DeepSpeed's ``PipelineEngine`` (``deepspeed/runtime/pipe/engine.py``) fr
   skip the step (``skipped_steps``), so stages never diverge. fp16 (loss scaling across stages) is refused.
 * Checkpoints are per layer (:mod:`dscore.pipe.checkpoint`): a checkpoint saved with ``p`` stages loads
   with any number of stages, optimizer state included, and into a plain model
-  (:func:`dscore.pipe.load_into_layers`).
+  (:func:`dscore.pipe.load_into_layers`). They are saved as the standard engine's are: into a temporary
+  folder published in one rename with ``latest`` moved last, every phase agreed by all ranks.
 * ``forward``, ``backward`` and ``step`` are not available (DeepSpeed: "Only train_batch() is accessible
   in pipeline mode."); they raise :class:`dscore.pipe.PipelineError`.
 """
@@ -42,7 +43,8 @@ from typing import Any
 
 import torch
 
-from dscore.errors import CheckpointError, CheckpointNotFoundError, ConfigError, DistributedError
+from dscore.checkpoint import list_tags
+from dscore.errors import CheckpointError, ConfigError, DistributedError
 from dscore.pipe import PipelineModule
 from dscore.pipe import checkpoint as ckpt
 from dscore.pipe.p2p import P2PLink, PipelineError, as_tuple
@@ -501,47 +503,62 @@ class PipelineEngine(DscoreEngine):
         save_latest: bool = True,
         exclude_frozen_parameters: bool = False,
     ) -> bool:
-        """Save a per-layer pipeline checkpoint (collective: call on every rank). Returns True.
+        """Save a per-layer pipeline checkpoint atomically (collective: call on every rank). Returns True.
 
-        Layout: :mod:`dscore.pipe.checkpoint`. ``tag`` defaults to ``global_step{N}``; ``client_state`` is
-        stored in ``engine_states.pt``.
+        Layout and protocol: :mod:`dscore.pipe.checkpoint` (:func:`~dscore.pipe.checkpoint.save_pipeline_checkpoint`):
+        the files are written into a private temporary folder and published under ``<save_dir>/<tag>`` in
+        one rename once every rank wrote its part, then ``latest`` moves; a failed or killed save leaves the
+        previous checkpoint of that tag and ``latest`` untouched. ``tag`` defaults to ``global_step{N}``
+        (ranks' tags compared per ``checkpoint.tag_validation``); ``client_state`` (global rank 0's) is
+        stored in ``engine_states.pt``; ``exclude_frozen_parameters`` leaves parameters with
+        ``requires_grad=False`` out of the layer files.
+
+        Raises:
+            CheckpointError: on every rank, naming the failing rank: an invalid tag or ``save_dir``, a
+                ``client_state`` value that cannot be stored safely, a failure writing on any rank (disk
+                full, unwritable folder) or publishing.
         """
         pipe: PipelineModule = self.module
-        tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
-        path = os.path.join(save_dir, tag)
-        comm = self.runtime.comm
-        if self.global_rank == 0:
-            os.makedirs(path, exist_ok=True)
-        comm.barrier()
-        layers = self._layer_states()
-        if exclude_frozen_parameters:
-            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
-            for idx, state in layers.items():
-                key = pipe.tied_key(idx)
-                prefix = f"tied_modules.{key}." if key is not None else f"{idx}."
-                layers[idx] = {k: v for k, v in state.items() if prefix + k not in frozen}
-        optim_state = self.zero_stage_impl.state_dict()  # collective within the data-parallel group
-        if self.grid.data_parallel_id == 0:
-            for idx, state in layers.items():
-                ckpt.atomic_save(state, ckpt.layer_file(path, idx))
-            ckpt.atomic_save(optim_state, ckpt.optim_file(path, self.stage_id))
-        if self.global_rank == 0:
-            engine_state = self.state_for_checkpoint()
-            engine_state.pop("rng", None)  # per-rank; not meaningful across layouts
-            engine_state["layout"] = {
-                "num_layers": pipe.num_layers,
-                "num_stages": self.num_stages,
-                "parts": list(pipe.parts),
-                "data_parallel_size": self.grid.data_parallel_size,
-            }
-            engine_state["client_state"] = client_state if client_state is not None else {}
-            ckpt.atomic_save(engine_state, os.path.join(path, ckpt.ENGINE_FILE))
-        comm.barrier()
-        if save_latest and self.global_rank == 0:
-            ckpt.write_latest(save_dir, tag)
-        comm.barrier()
+
+        def collect() -> dict[str, Any]:
+            layers = self._layer_states()
+            if exclude_frozen_parameters:
+                frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+                for idx, state in layers.items():
+                    key = pipe.tied_key(idx)
+                    prefix = f"tied_modules.{key}." if key is not None else f"{idx}."
+                    layers[idx] = {k: v for k, v in state.items() if prefix + k not in frozen}
+            optim_state = self.zero_stage_impl.state_dict()  # collective within the data-parallel group
+            files: dict[str, Any] = {}
+            if self.grid.data_parallel_id == 0:
+                for idx, state in layers.items():
+                    files[ckpt.layer_name(idx)] = state
+                files[ckpt.optim_name(self.stage_id)] = optim_state
+            if self.global_rank == 0:
+                engine_state = self.state_for_checkpoint()
+                engine_state.pop("rng", None)  # per-rank; not meaningful across layouts
+                engine_state["layout"] = layout
+                files[ckpt.ENGINE_FILE] = engine_state
+            return files
+
+        layout = {
+            "num_layers": pipe.num_layers,
+            "num_stages": self.num_stages,
+            "parts": list(pipe.parts),
+            "data_parallel_size": self.grid.data_parallel_size,
+        }
+        tag_text = ckpt.save_pipeline_checkpoint(
+            self.runtime.comm,
+            save_dir,
+            f"global_step{self.global_steps}" if tag is None else tag,
+            collect,
+            client_state=client_state,
+            tag_validation=self.config.checkpoint.tag_validation,
+            save_latest=save_latest,
+            fields={"global_steps": int(self.global_steps), "zero_stage": self.zero_optimization_stage(), **layout},
+        )
         if self._pm is not None and self._pm.has_implementations("dscore_checkpoint_saved"):
-            self._pm.call("dscore_checkpoint_saved", engine=self, save_dir=save_dir, tag=tag)
+            self._pm.call("dscore_checkpoint_saved", engine=self, save_dir=os.path.abspath(save_dir), tag=tag_text)
         return True
 
     def load_checkpoint(  # type: ignore[override]
@@ -555,62 +572,102 @@ class PipelineEngine(DscoreEngine):
     ) -> tuple[str | None, dict[str, Any] | None]:
         """Load a pipeline checkpoint saved with any number of stages (collective: every rank).
 
+        The tag folder is found by the standard engine's rules (:func:`dscore.pipe.checkpoint.find_checkpoint`):
+        it must hold its ``_COMPLETE`` marker (folders written before pipeline saves had one load with a
+        warning), and each file read is checked against the size recorded at save. Every phase is agreed:
+        an error on one rank is raised on every rank.
+
         Returns:
             ``(path of the tag folder, client_state)``; ``(None, None)`` with a warning when no tag is given
             and ``load_dir`` has no ``latest`` (start fresh, as the standard engine).
 
         Raises:
-            CheckpointNotFoundError: ``load_dir``, the tag folder or a file this stage needs is missing.
-            CheckpointError: the checkpoint has another number of layers than the model.
+            CheckpointNotFoundError: ``load_dir``, the tag folder or a file this stage needs is missing, or
+                the folder is incomplete (no ``_COMPLETE``).
+            CheckpointError: ranks asked for different folders or tags; the folder is a standard-engine
+                checkpoint; a file is truncated or unreadable; the checkpoint has another number of layers
+                than the model, or its weights do not fit the layers.
         """
         pipe: PipelineModule = self.module
-        if not os.path.isdir(load_dir):
-            raise CheckpointNotFoundError(f"checkpoint folder {load_dir} does not exist")
-        if tag is None and not os.path.isfile(os.path.join(load_dir, ckpt.LATEST_FILE)):
+        comm = self.runtime.comm
+        text = os.fspath(load_dir) if load_dir is not None else ""
+        asked = (os.path.abspath(text) if text else "", None if tag is None else str(tag))
+
+        def resolve() -> str | None:
+            if not text:
+                raise CheckpointError(f"load_dir must be a non-empty path, got {load_dir!r}")
+            return ckpt.find_checkpoint(text, tag)
+
+        path, err = ckpt.capture(resolve)
+        results = ckpt.agree(comm, err, f"resolving the pipeline checkpoint in {asked[0]}", (asked, path))
+        if len({a for a, _ in results}) > 1:
+            listing = "; ".join(f"rank {r}: load_dir={d!r}, tag={t!r}" for r, ((d, t), _) in enumerate(results))
+            raise CheckpointError(
+                f"load_checkpoint was called with different arguments on different ranks ({listing}); every rank "
+                "must load the same directory and tag"
+            )
+        if len({p for _, p in results}) > 1:  # the filesystem changed under us between ranks
+            raise CheckpointError(f"ranks resolved different tag folders in {asked[0]}: {[p for _, p in results]}")
+        if path is None:
             log.warning(
                 "no %s file in %s and no tag given: nothing loaded (tags present: %s)",
                 ckpt.LATEST_FILE,
-                load_dir,
-                ", ".join(sorted(e for e in os.listdir(load_dir) if os.path.isdir(os.path.join(load_dir, e)))) or "none",
+                asked[0],
+                ", ".join(t for t, _ in list_tags(asked[0])) or "none",
             )
             return None, None
-        path = ckpt.resolve_tag(load_dir, tag)
-        engine_state = ckpt.load_file(os.path.join(path, ckpt.ENGINE_FILE))
-        layout = engine_state.get("layout", {})
-        if int(layout.get("num_layers", pipe.num_layers)) != pipe.num_layers:
-            raise CheckpointError(
-                f"{path} was saved from a PipelineModule of {layout.get('num_layers')} layers; this one has "
-                f"{pipe.num_layers}"
-            )
-        module_state: dict[str, torch.Tensor] = {}
-        for idx in pipe.layer_range():
-            if pipe.layer_module(idx) is None:
-                continue
-            key = pipe.tied_key(idx)
-            prefix = f"tied_modules.{key}." if key is not None else f"{idx}."
-            for k, v in ckpt.load_file(ckpt.layer_file(path, idx)).items():
-                module_state[prefix + k] = v
-        self.zero_stage_impl.load_module_state_dict(module_state, strict=load_module_strict)
-        if not load_module_only and load_optimizer_states:
+        want_optim = not load_module_only and load_optimizer_states
+
+        def read() -> tuple[dict[str, Any], dict[str, torch.Tensor], list[Any]]:
+            ckpt.check_files(path, [ckpt.ENGINE_FILE])
+            engine_state = ckpt.load_file(os.path.join(path, ckpt.ENGINE_FILE))
+            layout = engine_state.get("layout", {})
+            if int(layout.get("num_layers", pipe.num_layers)) != pipe.num_layers:
+                raise CheckpointError(
+                    f"{path} was saved from a PipelineModule of {layout.get('num_layers')} layers; this one has "
+                    f"{pipe.num_layers}"
+                )
+            owned = [idx for idx in pipe.layer_range() if pipe.layer_module(idx) is not None]
             saved_stages = int(layout.get("num_stages", self.num_stages))
-            own = {n for n, _ in self.module.named_parameters()}
-            merged: dict[str, Any] = {}
-            for s in range(saved_stages):
-                part = ckpt.load_file(ckpt.optim_file(path, s))
-                if not merged:
-                    merged = {k: v for k, v in part.items() if k not in ("state", "fp32_params", "param_names")}
-                    merged.update({"state": {}, "fp32_params": {}, "param_names": []})
-                merged["state"].update({n: v for n, v in part.get("state", {}).items() if n in own})
-                merged["fp32_params"].update({n: v for n, v in (part.get("fp32_params") or {}).items() if n in own})
-                merged["param_names"] += [n for n in part.get("param_names", []) if n in own]
-            if not merged.get("fp32_params"):
-                merged.pop("fp32_params", None)
-            self.zero_stage_impl.load_state_dict(merged, load_optimizer_states=True)
-        if not load_module_only:
-            self.load_state_from_checkpoint(engine_state, load_lr_scheduler_states=load_lr_scheduler_states)
-        self.runtime.comm.barrier()
+            optim_names = [ckpt.optim_name(s) for s in range(saved_stages)] if want_optim else []
+            ckpt.check_files(path, [ckpt.layer_name(idx) for idx in owned] + optim_names)
+            module_state: dict[str, torch.Tensor] = {}
+            for idx in owned:
+                key = pipe.tied_key(idx)
+                prefix = f"tied_modules.{key}." if key is not None else f"{idx}."
+                for k, v in ckpt.load_file(ckpt.layer_file(path, idx)).items():
+                    module_state[prefix + k] = v
+            parts = [ckpt.load_file(os.path.join(path, name)) for name in optim_names]
+            return engine_state, module_state, parts
+
+        state, err = ckpt.capture(read)
+        ckpt.agree(comm, err, f"reading pipeline checkpoint {path}")
+        engine_state, module_state, parts = state
+
+        def apply() -> None:
+            try:
+                self.zero_stage_impl.load_module_state_dict(module_state, strict=load_module_strict)
+            except RuntimeError as exc:
+                raise CheckpointError(f"the layer weights in {path} do not fit stage {self.stage_id}'s layers: {exc}") from exc
+            if want_optim:
+                own = {n for n, _ in self.module.named_parameters()}
+                merged: dict[str, Any] = {}
+                for part in parts:
+                    if not merged:
+                        merged = {k: v for k, v in part.items() if k not in ("state", "fp32_params", "param_names")}
+                        merged.update({"state": {}, "fp32_params": {}, "param_names": []})
+                    merged["state"].update({n: v for n, v in part.get("state", {}).items() if n in own})
+                    merged["fp32_params"].update({n: v for n, v in (part.get("fp32_params") or {}).items() if n in own})
+                    merged["param_names"] += [n for n in part.get("param_names", []) if n in own]
+                if not merged.get("fp32_params"):
+                    merged.pop("fp32_params", None)
+                self.zero_stage_impl.load_state_dict(merged, load_optimizer_states=True)
+            if not load_module_only:
+                self.load_state_from_checkpoint(engine_state, load_lr_scheduler_states=load_lr_scheduler_states)
+
+        ckpt.agree(comm, ckpt.capture(apply)[1], f"loading pipeline checkpoint {path} into the engine")
         if self._pm is not None and self._pm.has_implementations("dscore_checkpoint_loaded"):
-            self._pm.call("dscore_checkpoint_loaded", engine=self, load_dir=load_dir, tag=os.path.basename(path))
+            self._pm.call("dscore_checkpoint_loaded", engine=self, load_dir=asked[0], tag=os.path.basename(path))
         return path, engine_state.get("client_state")
 
 
