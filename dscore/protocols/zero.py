@@ -207,6 +207,13 @@ class ZeroStage(abc.ABC):
     def partition_bytes(self) -> dict[str, int]:
         """Bytes held by this rank: ``{"optimizer_state": ..., "parameters": ..., "gradients": ...}``."""
 
+    def empty_partition_cache(self) -> None:
+        """Release gathered parameters and any memory kept to gather them again (``engine.empty_partition_cache()``).
+
+        Default: the stage keeps full parameters resident and caches nothing, so there is nothing to release.
+        """
+        return None
+
     def close(self) -> None:
         """Release what the stage created outside its tensors (NVMe swap files, I/O threads); run by
         ``engine.close()``, idempotent. Default: the stage holds nothing of the kind."""

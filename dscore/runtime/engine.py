@@ -394,6 +394,13 @@ class DscoreEngine(torch.nn.Module):
         """The module's full state dict (under ZeRO-3 gathered: collective, call on every rank)."""
         return self.zero_stage_impl.module_state_dict()
 
+    def empty_partition_cache(self) -> None:
+        """Release every gathered (non-persistent) ZeRO-3 parameter and the memory kept for re-gathering
+        them, as DeepSpeed's ``engine.empty_partition_cache()`` (e.g. before generation or offloading the
+        model between phases). Not collective; the next forward gathers again. Other stages keep no
+        gathered parameters: nothing to release."""
+        self.zero_stage_impl.empty_partition_cache()
+
     def _synchronize(self) -> None:
         self.runtime.accelerator.synchronize()
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from dscore.comm import Comm, Work
+from dscore.zero.buffer_cache import GatherBufferCache
 from dscore.zero.layout import packed_offsets
 
 __all__ = ["FlatUnit", "unit_of", "is_partitioned"]
@@ -65,6 +66,9 @@ class FlatUnit:
         partition_source: None, or a callback run before the partition is read or written (gather,
             refresh, write-back) that makes ``partition`` hold this rank's values (NVMe parameter offload
             keeps it in a swap file otherwise).
+        buffer_cache: None, or a :class:`~dscore.zero.buffer_cache.GatherBufferCache` that gathers take
+            ``full``'s memory from and releases give it back to (stage 3 on the host); None allocates
+            and frees with ``resize_``.
     """
 
     def __init__(
@@ -102,6 +106,7 @@ class FlatUnit:
         self.persistent = False
         self.on_modified: list[Callable[[FlatUnit], None]] = []
         self.partition_source: Callable[[FlatUnit], None] | None = None
+        self.buffer_cache: GatherBufferCache | None = None
         self._handle: Work | None = None
         self.bind_views()
 
@@ -134,7 +139,11 @@ class FlatUnit:
     def _ensure_storage(self) -> None:
         storage = self.full.untyped_storage()
         nbytes = self.padded * self.full.element_size()
-        if storage.nbytes() != nbytes:
+        if storage.nbytes() == nbytes:
+            return
+        if self.buffer_cache is not None and storage.nbytes() == 0:
+            self.buffer_cache.fill(storage, nbytes)
+        else:
             storage.resize_(nbytes)
 
     def gather(self, *, async_op: bool = False) -> None:
@@ -177,7 +186,10 @@ class FlatUnit:
         if not self.gathered:
             return
         self.wait()
-        self.full.untyped_storage().resize_(0)
+        if self.buffer_cache is not None:
+            self.buffer_cache.drain(self.full.untyped_storage())
+        else:
+            self.full.untyped_storage().resize_(0)
         self.gathered = False
 
     def write_back(self) -> None:

@@ -21,6 +21,14 @@ the module's outputs re-gathers it (and prefetches the preceding units) just bef
 Units of at most ``stage3_param_persistence_threshold`` elements stay gathered for the whole run
 (re-gathered after each step). The order is traced on the first forward (construction order before).
 
+**Gather buffers on the host.** Released units give their memory to a
+:class:`dscore.zero.buffer_cache.GatherBufferCache` and the next gather of the same size takes it back,
+as the CUDA caching allocator keeps DeepSpeed's released blocks reserved on a GPU. Kept memory plus
+gathered units never exceed the most that was gathered at once, and ``engine.empty_partition_cache()``
+frees it. Without it every re-gather page-faults freshly mapped memory under the stage's allocation policy
+(:func:`apply_host_malloc_policy`): at hidden width 1024 that took ``forward.allgather_wait`` from 8.6
+to 16.3 ms per step (``bench/dp_throughput.py``).
+
 **Gradients.** Each trainable unit is one bucket of the shared
 :class:`dscore.zero.reducer.GradientReducer`: as each parameter's gradient is produced it is copied into
 the unit's staging buffer and freed; when a unit's trainable parameters are all done, one asynchronous
@@ -52,6 +60,7 @@ from torch.utils._pytree import tree_flatten
 from dscore.errors import ConfigError
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers
+from dscore.zero.buffer_cache import GatherBufferCache
 from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.partition import FlatUnit, unit_of
@@ -184,9 +193,8 @@ class Stage3ParameterManager:
         return GatheredParameters(self._stage.ctx.module if params is None else params, modifier_rank=modifier_rank)
 
     def partition_all_parameters(self) -> None:
-        """Release every gathered, non-persistent unit (frees the full buffers; partitions stay)."""
-        for s in list(self._stage._gathered.values()):
-            self._stage._release(s)
+        """Release every gathered, non-persistent unit and free its memory (partitions stay)."""
+        self._stage.empty_partition_cache()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop gradient partitions (nothing to drop unless backward ran through the module)."""
@@ -259,6 +267,10 @@ class Stage3(ZeroStage):
         self.device = device or torch.device("cpu")
         if self.device.type == "cpu" or self.offload_param:
             apply_host_malloc_policy()
+        # host gathers re-use released buffers (the CUDA caching allocator does this on a GPU)
+        self.buffer_cache = GatherBufferCache() if self.device.type == "cpu" else None
+        for s in self.units:
+            s.unit.buffer_cache = self.buffer_cache
         self._consolidate()
         self._optimizer = build_optimizer(ctx, [[m] if m is not None else [] for m in self.masters], self.group_params)
         self._pairs = [(m, lay) for m, lay in zip(self.masters, self.layouts) if m is not None]
@@ -640,6 +652,15 @@ class Stage3(ZeroStage):
         """Re-partition a state saved at any world size (fp32 masters also refresh the partitions)."""
         with nvme_materialized(self._optimizer, write_back=True):
             self._load_state_dict(state, load_optimizer_states=load_optimizer_states)
+
+    def empty_partition_cache(self) -> None:
+        """Release every gathered, non-persistent unit (not one in use by a running forward) and free the
+        gather buffers kept for reuse."""
+        for s in list(self._gathered.values()):
+            if id(s.unit) not in self._in_use:
+                self._release(s)
+        if self.buffer_cache is not None:
+            self.buffer_cache.empty()
 
     def close(self) -> None:
         """Remove the NVMe swap files (``offload_optimizer`` / ``offload_param`` on nvme; ``engine.close()``)."""
