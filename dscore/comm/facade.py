@@ -31,6 +31,9 @@ the fallbacks below live here and nowhere else:
   Measured on loopback, 2 ranks: the reduce-scatter takes 0.4-0.6x the time of gloo's all-reduce
   (4-16 MB) and 0.3-0.5x of gloo's reduce-scatter; the all-gather 0.6-0.75x of one broadcast per owner
   and 0.3-0.5x of gloo's all-gather (0.5-2 MB). Other reduce ops use an all-reduce and a slice copy.
+  When every rank of the group runs on one host, the payloads of these exchanges, and of sum/average
+  all-reduces of at least 64 KiB (a reduce-scatter then an all-gather), move through shared memory and
+  gloo carries only small tokens (:mod:`dscore.comm.shm`; ``DSCORE_SHM=0`` sends them by TCP again).
   ``DSCORE_GLOO_NATIVE=1`` turns the fast paths off (gloo's own calls are used). Pass
   ``input_reusable=True`` to :meth:`Comm.reduce_scatter_tensor` when the input may be overwritten: the
   all-reduce fallback then runs in place instead of on a copy, and ``output`` may alias this rank's chunk.
@@ -52,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from dscore.comm.shm import ShmChannel, channel_for
 from dscore.errors import DistributedError, DscoreError
 
 if TYPE_CHECKING:
@@ -109,6 +113,10 @@ def _pairwise_op(op: Any) -> bool:
 # caller's own send/recv on the same group (those default to tag 0)
 _PAIRWISE_TAG = 0x5C
 _ALLGATHER_TAG = 0x5D
+_ALLREDUCE_TAG = 0x5E
+# an all-reduce of at least this many bytes is a shared-memory reduce-scatter + all-gather on one host;
+# smaller ones (norms, flags) stay one gloo call: two token round trips would cost more than they save
+_SHM_ALLREDUCE_MIN_BYTES = 64 << 10
 
 
 class Work:
@@ -323,6 +331,13 @@ class Comm:
         work.wait()
         return None
 
+    def _shm(self, grp: Any, tensor: torch.Tensor) -> ShmChannel | None:
+        """The group's shared-memory channel for a pairwise exchange of CPU ``tensor`` data, or None
+        (collective on the group's first exchange: see :func:`dscore.comm.shm.channel_for`)."""
+        if tensor.device.type != "cpu":
+            return None
+        return channel_for(grp, dist.get_world_size(grp), dist.get_rank(grp))
+
     @staticmethod
     def _require_floating(tensor: torch.Tensor, what: str) -> None:
         if not (tensor.is_floating_point() or tensor.is_complex()):
@@ -348,6 +363,16 @@ class Comm:
             self._require_floating(tensor, "all_reduce")
         if self.get_world_size(grp) == 1:
             return _DONE if async_op else None
+        if (
+            _pairwise_op(rop)
+            and tensor.numel() * tensor.element_size() >= _SHM_ALLREDUCE_MIN_BYTES
+            and tensor.is_contiguous()
+            and tensor.dtype != torch.bool
+            and self.gloo_fast(grp)
+        ):
+            channel = self._shm(grp, tensor)
+            if channel is not None:
+                return self._shm_all_reduce(channel, tensor.view(-1), rop, grp, async_op)
         if not _is_avg(rop):
             return self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op)
 
@@ -360,6 +385,44 @@ class Comm:
             lambda: self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op),
             emulated,
         )
+
+    def _shm_all_reduce(self, channel: ShmChannel, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
+        """Sum (or average) the flat contiguous CPU ``flat`` in place by a shared-memory reduce-scatter
+        then all-gather of ``ceil(n / world_size)``-element pieces (the ring all-reduce's two halves,
+        Patarasuk & Yuan 2009, as direct exchanges). The pieces are copied out at launch, so ``flat`` is
+        free until the work is waited; piece ``r`` is summed on rank ``r`` as the pairwise reduce-scatter
+        sums (own piece, then peers in rank order), so every rank ends with the same bits.
+        """
+        world = dist.get_world_size(grp)
+        rank = dist.get_rank(grp)
+        step = -(-flat.numel() // world)
+        pieces = [flat[q * step : (q + 1) * step] for q in range(world)]
+        scatter = channel.post([pieces[q] if q != rank else None for q in range(world)], grp, _ALLREDUCE_TAG)
+
+        def finish() -> None:
+            mine = pieces[rank]
+            self._sum_into(mine, mine, scatter, rank, world)
+            if _is_avg(rop):
+                mine.div_(world)
+            gather = channel.post([mine if q != rank else None for q in range(world)], grp, _ALLREDUCE_TAG)
+            for w in gather.works:
+                w.wait()
+            for q in range(world):
+                if q != rank:
+                    pieces[q].copy_(gather.payload(q, pieces[q]))
+            gather.done()
+
+        return self._launched(scatter.works, async_op, finish)
+
+    @staticmethod
+    def _sum_into(out: torch.Tensor, own: torch.Tensor, exchange: Any, rank: int, world: int) -> None:
+        """``out = own + payload(q)`` over the peers ``q`` in rank order (the fixed order of every pairwise
+        reduction); marks the exchange read. ``out`` may alias ``own``."""
+        peers = [q for q in range(world) if q != rank]
+        torch.add(own, exchange.payload(peers[0], own), out=out)
+        for q in peers[1:]:
+            out.add_(exchange.payload(q, own))
+        exchange.done()
 
     def reduce_scatter_tensor(
         self,
@@ -494,6 +557,16 @@ class Comm:
         n = output.numel()
         if n == 0:
             return _DONE if async_op else None
+        channel = self._shm(grp, output)
+        if channel is not None:
+            exchange = channel.post([chunks[q] if q != rank else None for q in range(world)], grp, _PAIRWISE_TAG)
+
+            def finish_shm() -> None:
+                self._sum_into(output.view(-1), chunks[rank], exchange, rank, world)
+                if _is_avg(rop):
+                    output.div_(world)
+
+            return self._launched(exchange.works, async_op, finish_shm)
         peers = [q for q in range(world) if q != rank]
         received = torch.empty((world - 1, n), dtype=output.dtype, device=output.device)
         works = []
@@ -602,6 +675,18 @@ class Comm:
         rank = dist.get_rank(grp)
         if outs[rank].data_ptr() != src.data_ptr():
             outs[rank].copy_(src.view_as(outs[rank]))
+        channel = self._shm(grp, src)
+        if channel is not None:
+            flat_src = src.view(-1)
+            exchange = channel.post([flat_src if q != rank else None for q in range(len(outs))], grp, _ALLGATHER_TAG)
+
+            def finish() -> None:
+                for q, out in enumerate(outs):
+                    if q != rank:
+                        out.view(-1).copy_(exchange.payload(q, flat_src))
+                exchange.done()
+
+            return self._launched(exchange.works, async_op, finish)
         works = []
         for q in range(len(outs)):
             if q != rank:

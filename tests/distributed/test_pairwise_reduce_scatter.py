@@ -2,7 +2,11 @@
 torch's all-reduce on real gloo ranks: 2 ranks (bitwise equal: a sum of two terms does not depend on
 order) and 3 ranks (more than one peer per rank), fp32 and bf16, the list form, an output aliasing the
 input's own chunk, several reduce-scatters in flight waited in reverse order, and point-to-point
-traffic of the caller on tag 0 interleaved with them; and the pairwise all-gather against gloo's own."""
+traffic of the caller on tag 0 interleaved with them; and the pairwise all-gather against gloo's own.
+
+Each runs over the three transports of the payloads (:mod:`dscore.comm.shm`): shared memory (the default
+on one host), TCP behind the shared-memory tokens (an outbox limit of 1 byte), and plain gloo transfers
+(``DSCORE_SHM=0``); large all-reduces, which go through shared memory too, are checked the same way."""
 
 from __future__ import annotations
 
@@ -103,11 +107,74 @@ def _check_pairwise() -> dict[str, object]:
     mx = torch.empty(1)
     comm.reduce_scatter_tensor(mx, x, op="max")
     assert mx.item() == world - 1
-    return {"checked": checked}
+
+    # all-reduces of at least 64 KiB: a reduce-scatter + all-gather of uneven pieces on one host,
+    # against gloo's all-reduce; two in flight, waited in reverse order; integers and averages too
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for n in (40_000 * world + 1, 70_001):
+            gen = torch.Generator().manual_seed(7 * n + rank)
+            data = torch.randn(n, generator=gen)
+            if world > 2 or dtype == torch.int64:  # exact sums whatever gloo's order
+                data = (data * 8).round()
+            data = data.to(dtype)
+            want, want_b = data.clone(), data * 2
+            dist.all_reduce(want)
+            dist.all_reduce(want_b)
+            a, b = data.clone(), data * 2
+            wa = comm.all_reduce(a, async_op=True)
+            wb = comm.all_reduce(b, async_op=True)
+            wb.wait()
+            wa.wait()
+            assert torch.equal(a, want), (dtype, n)
+            assert torch.equal(b, want_b), (dtype, n)
+            if dtype != torch.int64:
+                avg = data.clone()
+                comm.all_reduce(avg, op="avg")
+                assert torch.equal(avg, want / world), (dtype, n)
+            checked += 1
+
+    from dscore.comm.shm import channel_for
+
+    channel = channel_for(None, world, rank)
+    transport = "off" if channel is None else ("shm" if channel.shm_bytes else "tcp")
+    return {"checked": checked, "transport": transport}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
-def test_pairwise_reduce_scatter_equals_all_reduce(world: int) -> None:
-    results = run_distributed(_check_pairwise, world, timeout=180)
-    assert [r["checked"] for r in results] == [40] * world
+@pytest.mark.parametrize("transport", ["shm", "tcp", "off"])
+def test_pairwise_reduce_scatter_equals_all_reduce(world: int, transport: str) -> None:
+    env = {"shm": {}, "tcp": {"DSCORE_SHM_BYTES": "1"}, "off": {"DSCORE_SHM": "0"}}[transport]
+    results = run_distributed(_check_pairwise, world, timeout=180, env=env)
+    assert [r["checked"] for r in results] == [46] * world
+    assert [r["transport"] for r in results] == [transport] * world
+
+
+def _check_outbox_limit() -> dict[str, object]:
+    import torch
+    import torch.distributed as dist
+
+    from dscore.comm import Comm
+    from dscore.comm.shm import channel_for
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    comm = Comm(None, backend="gloo")
+    n = 1 << 20  # 4 MiB of fp32 per payload: four fit in the 16 MiB outbox, the rest go by TCP
+    for round_ in range(3):
+        mine = [torch.full((n,), float(100 * round_ + 10 * k + rank)) for k in range(6)]
+        outs = [torch.empty(world * n) for _ in mine]
+        works = [comm.all_gather_into_tensor(o, m, async_op=True) for o, m in zip(outs, mine)]
+        for w in reversed(works):  # finished out of order: each TCP payload has its own tag
+            w.wait()
+        for k, o in enumerate(outs):
+            want = torch.cat([torch.full((n,), float(100 * round_ + 10 * k + q)) for q in range(world)])
+            assert torch.equal(o, want), (round_, k)
+    channel = channel_for(None, world, rank)
+    assert channel is not None
+    return {"extents": len(channel.extents), "shm": channel.shm_bytes > 0, "tcp": channel.tcp_bytes > 0}
+
+
+@pytest.mark.slow
+def test_a_full_outbox_sends_by_tcp_and_regions_are_reused() -> None:
+    results = run_distributed(_check_outbox_limit, 2, timeout=180, env={"DSCORE_SHM_BYTES": str(16 << 20)})
+    assert results == [{"extents": 1, "shm": True, "tcp": True}] * 2
