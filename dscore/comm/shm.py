@@ -8,34 +8,44 @@ moves the *payload* through memory the ranks share:
 * each rank owns an **outbox**: ``memfd`` extents (anonymous shared memory, freed by the kernel when the
   process exits, so a crash leaks nothing) that its peers map through ``/proc/<pid>/fd/<fd>``;
 * a pairwise exchange (:meth:`ShmChannel.post`) copies each payload into a free region of the outbox and
-  sends every peer a 5-integer **token** (``mode, fd, offset, nbytes, finished``) by gloo ``isend`` on
-  the collective's tag; the peer, once the token arrived, reads the payload straight from the mapped
-  region (:meth:`Exchange.payload`);
-* a region is reused once every peer has **finished** the exchange that filled it. A rank reports how
-  far it has finished (the highest exchange number up to which all are finished) in each token it
-  sends, so no extra message and no shared flag is needed: a region is kept until a later token says
-  so. Exchanges are numbered in posting order, which is the same on every rank (the collective
-  contract), and tokens of one peer and tag are matched in posting order (as gloo point-to-point is).
+  *posts* it to every peer through a **control segment** (also ``memfd``, mapped by the peers): a
+  descriptor ``(mode, fd, offset, nbytes)`` in the slot of this exchange's number, then the exchange
+  number in the peer's *posted* word, then a ``FUTEX_WAKE`` on that word. A peer waiting for the payload
+  sleeps in ``FUTEX_WAIT`` on the word (microseconds to wake, where a gloo point-to-point token took
+  0.3-0.7 ms on this 2-core machine) and reads the payload straight from the mapped region
+  (:meth:`Exchange.payload`);
+* exchanges are numbered in posting order, the same on every rank (the collective contract). A reader
+  acknowledges each exchange it read in its own control segment (a ring of 4096 slots per peer); a slot
+  and a region are reused once acknowledged. Nothing ever waits for an acknowledgement: while a slot
+  is still held (more than 4096 exchanges in flight, or a work never waited) the exchange sends its
+  descriptor and payload by gloo ``isend`` on a tag of its own, as without shared memory.
 * when the outbox is at its limit (``DSCORE_SHM_BYTES``, default 256 MiB of address space; pages
-  cost memory only once written) the payload goes by TCP after its token (mode 2), as without shared
-  memory. A peer that never waits its work only holds regions, it cannot block anyone.
+  cost memory only once written) the payload goes by gloo ``isend`` on a tag of its own (mode 2), as
+  without shared memory. A peer that never waits its work only holds regions, it cannot block anyone.
 
 :func:`channel_for` decides once per group, collectively, whether the channel is used: every rank must
 be on one host (same host name, boot id and PID namespace), able to map a peer's extent, and not have
 ``DSCORE_SHM=0``. Otherwise (or for CUDA tensors) the caller uses plain gloo transfers.
 
-Memory ordering: a payload is written before its token is handed to gloo, and read after the token was
-received; a region is rewritten only after a token (sent after the reader's copy) says it was read.
-gloo's send and receive cross a socket and a mutex, full barriers on every architecture.
+Memory ordering: a payload and its descriptor are stored before the posted word, and read after the
+posted word was seen; x86-64 keeps stores in program order and loads ahead of later stores (and glibc
+fences its non-temporal copies), so the channel is enabled on Linux x86-64 only; elsewhere gloo carries
+the payloads. A peer that exits, or stays silent for ``DSCORE_SHM_TIMEOUT`` seconds (default 1800, gloo's
+default timeout), makes the wait raise :class:`~dscore.errors.DistributedError` naming the rank.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
+import platform
 import socket
+import sys
+import time
 import weakref
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,13 +67,66 @@ _PAYLOAD_TAG_BASE = 1 << 24
 _PAYLOAD_TAG_SPAN = 1 << 20
 _LIMIT_ENV = "DSCORE_SHM_BYTES"
 _ENABLE_ENV = "DSCORE_SHM"
+_TIMEOUT_ENV = "DSCORE_SHM_TIMEOUT"
+_RING = 4096  # descriptor and acknowledgement slots per peer
+_DESC = 5  # int64 words of a descriptor: exchange number, mode, fd, offset, nbytes
+_PEER_WORDS = 1 + _DESC * _RING + _RING  # per peer in a control segment: posted, descriptors, acks
+_SYS_FUTEX = 202  # x86-64
+_FUTEX_WAIT = 0
+_FUTEX_WAKE = 1
 
 _channels: weakref.WeakKeyDictionary[Any, ShmChannel | None] = weakref.WeakKeyDictionary()
 
 
 def shm_enabled() -> bool:
-    """False when ``DSCORE_SHM=0`` (or the platform has no ``memfd``): every payload then goes by TCP."""
-    return os.environ.get(_ENABLE_ENV, "1") != "0" and hasattr(os, "memfd_create")
+    """False when ``DSCORE_SHM=0`` or off Linux x86-64 (module docstring): every payload then goes by TCP."""
+    return (
+        os.environ.get(_ENABLE_ENV, "1") != "0"
+        and hasattr(os, "memfd_create")
+        and sys.platform.startswith("linux")
+        and platform.machine() in ("x86_64", "AMD64")
+    )
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_libc: Any = None
+
+
+def _futex(addr: int, op: int, val: int, timeout: float | None = None) -> None:
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    ts = None
+    if timeout is not None:
+        ts = ctypes.byref(_Timespec(int(timeout), int((timeout % 1) * 1e9)))
+    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), ctypes.c_int(op), ctypes.c_int(val), ts, None, ctypes.c_int(0))
+
+
+def _low32(v: int) -> int:
+    """The low half of a 64-bit word as the signed 32-bit value ``FUTEX_WAIT`` compares (little-endian)."""
+    v &= 0xFFFFFFFF
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _alive(pid: int) -> bool:
+    """False once ``pid`` has exited (also while it is a zombie its parent has not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            state = fh.read().rsplit(")", 1)[-1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _timeout() -> float:
+    raw = os.environ.get(_TIMEOUT_ENV, "").strip()
+    try:
+        return float(raw) if raw else 1800.0
+    except ValueError:
+        raise DistributedError(f"environment variable {_TIMEOUT_ENV}={raw!r} must be a number of seconds") from None
 
 
 def _host_key() -> tuple[str, str, int]:
@@ -129,70 +192,147 @@ class ShmChannel:
 
     Args:
         rank / world: this rank's rank in the group and the group's size.
+        control: this rank's control segment (an :class:`_Extent` of :func:`control_bytes` bytes).
+        peer_controls: every rank's control segment as mapped here (int64 tensors; this rank's own at
+            its index).
         pids: the process id of every group rank.
         limit: the most bytes of outbox address space (beyond: TCP).
     """
 
-    def __init__(self, rank: int, world: int, pids: Sequence[int], limit: int) -> None:
+    def __init__(self, rank: int, world: int, control: _Extent, peer_controls: list[torch.Tensor],
+                 pids: Sequence[int], limit: int) -> None:
         self.rank = rank
         self.world = world
         self.pids = list(pids)
         self.limit = limit
+        self.control = control
+        self._ctrl = [c.view(torch.int64) for c in peer_controls]
         self.extents: list[_Extent] = []
-        self._busy: list[tuple[int, int, int, int]] = []  # (extent index, start, end, exchange number)
+        self._rings: list[deque[tuple[int, int, int]]] = []  # per extent: (start, end, exchange number)
         self._peer_maps: dict[tuple[int, int], torch.Tensor] = {}
         self._posted = 0  # exchanges posted (the last one's number)
-        self._finished: set[int] = set()
-        self.finished_upto = 0  # every exchange up to this number is finished here
-        self._peer_finished = [0] * world
+        self._sends: deque[tuple[Any, torch.Tensor]] = deque()  # gloo sends in flight, with the tensor they read
+        self._timeout = _timeout()
         self.shm_bytes = 0
         self.tcp_bytes = 0
+        self.overflows = 0  # descriptors sent by gloo because their slot was still held
+
+    @staticmethod
+    def control_bytes(world: int) -> int:
+        """Bytes of one rank's control segment: per peer a posted word, :data:`_RING` descriptors of
+        exchanges posted to that peer and :data:`_RING` acknowledgements of exchanges read from it."""
+        return 8 * (8 + world * _PEER_WORDS)
+
+    # int64 indices into a control segment; posted words and descriptors live in the sender's segment,
+    # acknowledgements in the reader's
+    @staticmethod
+    def _posted_word(receiver: int) -> int:
+        return 8 + receiver * _PEER_WORDS
+
+    @staticmethod
+    def _slot(receiver: int, seq: int) -> int:
+        return 8 + receiver * _PEER_WORDS + 1 + _DESC * (seq % _RING)
+
+    @staticmethod
+    def _ack(sender: int, seq: int) -> int:
+        return 8 + sender * _PEER_WORDS + 1 + _DESC * _RING + seq % _RING
 
     # ------------------------------------------------------------------ outbox regions
+    def _read_by_all(self, seq: int) -> bool:
+        # an acknowledgement slot holding a later number also frees seq: the reader is past it, and if it
+        # never read seq it never will without finding the descriptor replaced
+        slot = self._ack(self.rank, seq)
+        return all(int(self._ctrl[q][slot]) >= seq for q in range(self.world) if q != self.rank)
+
     def _release_read_regions(self) -> None:
-        low = min(f for q, f in enumerate(self._peer_finished) if q != self.rank)
-        if self._busy and any(seq <= low for *_, seq in self._busy):
-            self._busy = [b for b in self._busy if b[3] > low]
+        # each extent's regions are a ring in posting order; freeing from the oldest until one is unread
+        # keeps this O(1) per exchange (an unread old region holds later ones back a little, never wrongly)
+        for ring in self._rings:
+            while ring and self._read_by_all(ring[0][2]):
+                ring.popleft()
+
+    @staticmethod
+    def _ring_fit(ring: deque[tuple[int, int, int]], size: int, need: int) -> int | None:
+        """Where ``need`` bytes fit in a ring of regions taken and freed in order (None: they do not)."""
+        if not ring:
+            return 0 if need <= size else None
+        first, last = ring[0], ring[-1]
+        if last[0] >= first[0]:  # regions ascend from the oldest to the newest
+            if need <= first[0]:
+                return 0  # back to the start: the pages in use stay near the bytes in flight
+            return last[1] if last[1] + need <= size else None
+        return last[1] if last[1] + need <= first[0] else None  # wrapped: the gap between newest and oldest
 
     def _allocate(self, nbytes: int, seq: int) -> tuple[int, int] | None:
-        """(extent index, offset) of a free region of ``nbytes`` (first fit, lowest address first), or None."""
+        """(extent index, offset) of a free region of ``nbytes``, or None when the limit is reached.
+
+        Each extent is a ring buffer (regions are freed in the order they were taken) that goes back to
+        its start as soon as the oldest region has moved far enough, and the lowest extent that fits is
+        used: the pages in use stay near the bytes in flight, not the extents' size."""
         need = -(-nbytes // _ALIGN) * _ALIGN
-        for ei, ext in enumerate(self.extents):
-            spans = sorted((s, e) for i, s, e, _ in self._busy if i == ei)
-            start = 0
-            for s, e in spans:
-                if s - start >= need:
-                    break
-                start = max(start, e)
-            if start + need <= ext.size:
-                self._busy.append((ei, start, start + need, seq))
+        for ei, (ring, ext) in enumerate(zip(self._rings, self.extents)):  # lowest extent first
+            start = self._ring_fit(ring, ext.size, need)
+            if start is not None:
+                ring.append((start, start + need, seq))
                 return ei, start
         size = max(_EXTENT_MIN, need)
         if sum(x.size for x in self.extents) + size > self.limit:
             return None
         self.extents.append(_Extent(size, self.rank))
-        self._busy.append((len(self.extents) - 1, 0, need, seq))
+        self._rings.append(deque([(0, need, seq)]))
         return len(self.extents) - 1, 0
+
+    # ------------------------------------------------------------------ waiting
+    def _await(self, what: str, q: int, ready: Any) -> None:
+        """Sleep until ``ready()``; the futex word is rank ``q``'s posted word for this rank."""
+        if ready():
+            return
+        word = self._posted_word(self.rank)
+        addr = self._ctrl[q].data_ptr() + 8 * word
+        deadline = time.monotonic() + self._timeout
+        while not ready():
+            seen = int(self._ctrl[q][word])
+            if ready():
+                return
+            _futex(addr, _FUTEX_WAIT, _low32(seen), 0.5)
+            if time.monotonic() > deadline:
+                raise DistributedError(
+                    f"shared-memory exchange: rank {q} (pid {self.pids[q]}) gave no {what} for "
+                    f"{self._timeout:.0f} s ({_TIMEOUT_ENV}); the ranks may be calling different collectives"
+                )
+            if not _alive(self.pids[q]):
+                raise DistributedError(
+                    f"shared-memory exchange: rank {q} (pid {self.pids[q]}) exited while this rank waited for its {what}"
+                )
 
     # ------------------------------------------------------------------ exchanges
     def post(self, payloads: Sequence[torch.Tensor | None], grp: Any, tag: int) -> Exchange:
         """Start one pairwise exchange: ``payloads[q]`` (flat, contiguous, CPU) goes to group rank ``q``
         (None at this rank's own index). The same tensor object given for several peers is copied once.
-        Returns the :class:`Exchange` whose :attr:`Exchange.works` must complete before its payloads are read.
+        ``tag`` is unused (the exchange number orders everything); kept so callers read like gloo's.
+        Never blocks. Returns the :class:`Exchange` whose :attr:`Exchange.works` must complete before its
+        payloads are read.
         """
+        del tag
         self._posted += 1
         seq = self._posted
         self._release_read_regions()
-        placed: dict[int, tuple[int, int, int, int]] = {}  # id(tensor) -> token head (mode, fd, offset, nbytes)
-        works: list[Any] = []
-        tcp_sends: list[tuple[int, torch.Tensor]] = []
+        while self._sends and self._sends[0][0].is_completed():  # oldest first: they complete in order
+            self._sends.popleft()
+        placed: dict[int, tuple[int, int, int, int]] = {}  # id(tensor) -> descriptor (mode, fd, offset, nbytes)
+        own = self._ctrl[self.rank]
         for q, t in enumerate(payloads):
             if q == self.rank or t is None:
                 continue
-            head = placed.get(id(t))
+            slot = self._slot(q, seq)
+            occupant = int(own[slot])
+            # the slot is free once its exchange was read (acknowledged in q's segment); a slow or never
+            # waited exchange keeps it, and this one goes by gloo instead (descriptor and payload)
+            by_slot = occupant == 0 or int(self._ctrl[q][self._ack(self.rank, occupant)]) >= occupant
+            nbytes = t.numel() * t.element_size()
+            head = placed.get(id(t)) if by_slot else None
             if head is None:
-                nbytes = t.numel() * t.element_size()
-                spot = self._allocate(nbytes, seq) if nbytes else None
+                spot = self._allocate(nbytes, seq) if nbytes and by_slot else None
                 if spot is None:
                     head = (_MODE_TCP, -1, 0, nbytes)
                     self.tcp_bytes += nbytes
@@ -202,26 +342,38 @@ class ShmChannel:
                     ext.bytes[off : off + nbytes].view(t.dtype).copy_(t.view(-1))
                     head = (_MODE_SHM, ext.fd, off, nbytes)
                     self.shm_bytes += nbytes
-                placed[id(t)] = head
-            token = torch.tensor([*head, self.finished_upto], dtype=torch.int64)
+                if by_slot:
+                    placed[id(t)] = head
             peer = q if grp is None else dist.get_global_rank(grp, q)
-            works.append(dist.isend(token, dst=peer, group=grp, tag=tag))
-            if head[0] == _MODE_TCP and head[3]:
-                tcp_sends.append((peer, t))
-        # TCP payloads are waited in Exchange.done(), after this rank posted its own receives: waiting
-        # them with the tokens would have every rank wait for a receive nobody has posted yet
-        payload_sends = [dist.isend(t, dst=peer, group=grp, tag=_payload_tag(seq)) for peer, t in tcp_sends]
-        tokens: dict[int, torch.Tensor] = {}
-        for q in range(self.world):
-            if q != self.rank:
-                tokens[q] = torch.empty(5, dtype=torch.int64)
-                peer = q if grp is None else dist.get_global_rank(grp, q)
-                works.append(dist.irecv(tokens[q], src=peer, group=grp, tag=tag))
-        return Exchange(self, seq, works, tokens, grp, payload_sends)
+            tag_seq = _payload_tag(seq)
+            if not by_slot:
+                self.overflows += 1
+                desc = torch.tensor((seq, *head), dtype=torch.int64)
+                self._sends.append((dist.isend(desc, dst=peer, group=grp, tag=tag_seq), desc))
+            if head[0] == _MODE_TCP and nbytes:
+                copy = t.detach().clone()  # the caller may reuse its tensor once the work completes
+                self._sends.append((dist.isend(copy, dst=peer, group=grp, tag=tag_seq), copy))
+            if by_slot:
+                own[slot : slot + _DESC] = torch.tensor((seq, *head), dtype=torch.int64)
+            word = self._posted_word(q)
+            own[word] = seq  # after the payload and its descriptor
+            _futex(own.data_ptr() + 8 * word, _FUTEX_WAKE, 1 << 30)
+        arrivals = [_Arrival(self, q, seq) for q in range(self.world) if q != self.rank]
+        return Exchange(self, seq, arrivals, grp)
 
-    def _payload(self, q: int, token: torch.Tensor, like: torch.Tensor, grp: Any, seq: int) -> torch.Tensor:
-        mode, fd, off, nbytes, finished = (int(v) for v in token.tolist())
-        self._peer_finished[q] = max(self._peer_finished[q], finished)
+    def _payload(self, q: int, like: torch.Tensor, grp: Any, seq: int) -> tuple[torch.Tensor, bool]:
+        """Rank ``q``'s payload of exchange ``seq`` and whether its descriptor came through the slot."""
+        slot = self._slot(self.rank, seq)
+        desc = self._ctrl[q][slot : slot + _DESC].tolist()
+        by_slot = int(desc[0]) == seq
+        peer = q if grp is None else dist.get_global_rank(grp, q)
+        if not by_slot:  # the slot was busy on the sender's side: the descriptor came by gloo
+            got = torch.empty(_DESC, dtype=torch.int64)
+            dist.recv(got, src=peer, group=grp, tag=_payload_tag(seq))
+            desc = got.tolist()
+            if int(desc[0]) != seq:
+                raise DistributedError(f"shared-memory exchange {seq}: rank {q} sent the descriptor of exchange {desc[0]}")
+        _, mode, fd, off, nbytes = (int(v) for v in desc)
         want = like.numel() * like.element_size()
         if nbytes != want:
             raise DistributedError(
@@ -231,24 +383,25 @@ class ShmChannel:
         if mode == _MODE_TCP:
             out = torch.empty(like.numel(), dtype=like.dtype)
             if nbytes:
-                peer = q if grp is None else dist.get_global_rank(grp, q)
                 dist.recv(out, src=peer, group=grp, tag=_payload_tag(seq))
-            return out
+            return out, by_slot
         region = self._peer_maps.get((q, fd))
         if region is None:
             region = self._peer_maps[(q, fd)] = _map_peer(self.pids[q], fd)
-        return region[off : off + nbytes].view(like.dtype)
+        return region[off : off + nbytes].view(like.dtype), by_slot
 
-    def _finish(self, seq: int) -> None:
-        self._finished.add(seq)
-        while self.finished_upto + 1 in self._finished:
-            self.finished_upto += 1
-            self._finished.discard(self.finished_upto)
+    def _acknowledge(self, seq: int, peers: Sequence[int]) -> None:
+        own = self._ctrl[self.rank]
+        for q in peers:
+            own[self._ack(q, seq)] = seq
 
     def close(self) -> None:
-        """Unmap every extent (this rank's and its peers'); the channel is unusable afterwards."""
+        """Wait for this rank's gloo sends, unmap every extent (its and its peers'); unusable afterwards."""
+        for w, _ in self._sends:
+            w.wait()
+        self._sends.clear()
         self._peer_maps.clear()
-        self._busy.clear()
+        self._rings.clear()
         for ext in self.extents:
             ext.close()
         self.extents.clear()
@@ -260,40 +413,58 @@ class ShmChannel:
         )
 
 
+class _Arrival:
+    """Waits for rank ``q`` to post exchange ``seq`` (a work handle: ``wait()``, ``is_completed()``)."""
+
+    __slots__ = ("_channel", "_q", "_seq", "_word")
+
+    def __init__(self, channel: ShmChannel, q: int, seq: int) -> None:
+        self._channel = channel
+        self._q = q
+        self._seq = seq
+        self._word = channel._posted_word(channel.rank)
+
+    def is_completed(self) -> bool:
+        return int(self._channel._ctrl[self._q][self._word]) >= self._seq
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._channel._await(f"payload of exchange {self._seq}", self._q, self.is_completed)
+        return True
+
+
 class Exchange:
     """One posted exchange: wait :attr:`works`, read each peer's payload, then :meth:`done`.
 
     Attributes:
-        works: the token transfers to wait for before reading.
+        works: one handle per peer, complete once that peer posted its payload.
     """
 
-    __slots__ = ("_channel", "_seq", "works", "_tokens", "_grp", "_payload_sends")
+    __slots__ = ("_channel", "_seq", "works", "_grp", "_by_slot")
 
-    def __init__(self, channel: ShmChannel, seq: int, works: list[Any], tokens: dict[int, torch.Tensor],
-                 grp: Any, payload_sends: list[Any]) -> None:
+    def __init__(self, channel: ShmChannel, seq: int, works: list[Any], grp: Any) -> None:
         self._channel = channel
         self._seq = seq
         self.works = works
-        self._tokens = tokens
         self._grp = grp
-        self._payload_sends = payload_sends
+        self._by_slot: list[int] = []
 
     def payload(self, q: int, like: torch.Tensor) -> torch.Tensor:
         """Rank ``q``'s payload as a flat tensor of ``like``'s element count and dtype: a view of the peer's
-        outbox, valid until :meth:`done` (or a temporary received by TCP).
+        outbox, valid until :meth:`done` (or a temporary received by gloo). Call once per peer.
 
         Raises:
             DistributedError: the peer sent another size (the ranks posted different collectives).
         """
-        return self._channel._payload(q, self._tokens[q], like, self._grp, self._seq)
+        out, by_slot = self._channel._payload(q, like, self._grp, self._seq)
+        if by_slot:
+            self._by_slot.append(q)
+        return out
 
     def done(self) -> None:
-        """Mark the payloads read (the peers may reuse their regions once they hear of it) and wait for
-        this rank's TCP payloads to be taken."""
-        for w in self._payload_sends:
-            w.wait()
-        self._payload_sends = []
-        self._channel._finish(self._seq)
+        """Mark the payloads read: acknowledged to the peers that posted through their slot, which may
+        then reuse the slot and the region."""
+        self._channel._acknowledge(self._seq, self._by_slot)
+        self._by_slot = []
 
 
 def channel_for(grp: Any, world: int, rank: int) -> ShmChannel | None:
@@ -315,29 +486,32 @@ def channel_for(grp: Any, world: int, rank: int) -> ShmChannel | None:
 def _set_up(grp: Any, world: int, rank: int) -> ShmChannel | None:
     host = _host_key()
     try:
-        channel: ShmChannel | None = ShmChannel(rank, world, [], _limit())
-        assert channel is not None
-        probe = _Extent(_ALIGN, rank)
+        control: _Extent | None = _Extent(ShmChannel.control_bytes(world), rank)
+        limit = _limit()
     except OSError as exc:
         log.info("shared-memory exchange unavailable here (%s); gloo carries the payloads", exc)
-        channel, probe = None, None
+        control = None
     info: list[Any] = [None] * world
-    dist.all_gather_object(info, (host, os.getpid(), probe.fd if probe is not None else -1), group=grp)
-    ok = probe is not None and all(i[0] == host and i[2] >= 0 for i in info)
-    if ok:
+    dist.all_gather_object(info, (host, os.getpid(), control.fd if control is not None else -1), group=grp)
+    ok = control is not None and all(i[0] == host and i[2] >= 0 for i in info)
+    maps: list[torch.Tensor] = []
+    if ok and control is not None:
         for q, (_, pid, fd) in enumerate(info):
-            if q != rank:
-                try:
-                    _map_peer(pid, fd)
-                except OSError as exc:
-                    log.info("cannot map rank %d's shared memory (%s); gloo carries the payloads", q, exc)
-                    ok = False
+            if q == rank:
+                maps.append(control.bytes)
+                continue
+            try:
+                maps.append(_map_peer(pid, fd))
+            except OSError as exc:
+                log.info("cannot map rank %d's shared memory (%s); gloo carries the payloads", q, exc)
+                ok = False
+                break
     votes: list[Any] = [None] * world
     dist.all_gather_object(votes, ok, group=grp)
-    if probe is not None:
-        probe.close()
-    if not all(votes) or channel is None:
+    if not all(votes) or control is None:
+        if control is not None:
+            maps.clear()
+            control.close()
         return None
-    channel.pids = [pid for _, pid, _ in info]
     log.debug("pairwise exchanges of this %d-rank group go through shared memory", world)
-    return channel
+    return ShmChannel(rank, world, control, maps, [pid for _, pid, _ in info], limit)

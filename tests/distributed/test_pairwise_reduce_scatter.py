@@ -108,10 +108,11 @@ def _check_pairwise() -> dict[str, object]:
     comm.reduce_scatter_tensor(mx, x, op="max")
     assert mx.item() == world - 1
 
-    # all-reduces of at least 64 KiB: a reduce-scatter + all-gather of uneven pieces on one host,
-    # against gloo's all-reduce; two in flight, waited in reverse order; integers and averages too
+    # all-reduces (on one host: from 64 KiB a reduce-scatter + all-gather of uneven pieces, below it one
+    # exchange of the whole tensor) against gloo's all-reduce; two in flight, waited in reverse order;
+    # integers and averages too
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
-        for n in (40_000 * world + 1, 70_001):
+        for n in (1, 7, 1000, 40_000 * world + 1, 70_001):  # whole-tensor exchange below 64 KiB, split above
             gen = torch.Generator().manual_seed(7 * n + rank)
             data = torch.randn(n, generator=gen)
             if world > 2 or dtype == torch.int64:  # exact sums whatever gloo's order
@@ -146,7 +147,7 @@ def _check_pairwise() -> dict[str, object]:
 def test_pairwise_reduce_scatter_equals_all_reduce(world: int, transport: str) -> None:
     env = {"shm": {}, "tcp": {"DSCORE_SHM_BYTES": "1"}, "off": {"DSCORE_SHM": "0"}}[transport]
     results = run_distributed(_check_pairwise, world, timeout=180, env=env)
-    assert [r["checked"] for r in results] == [46] * world
+    assert [r["checked"] for r in results] == [55] * world
     assert [r["transport"] for r in results] == [transport] * world
 
 
@@ -169,12 +170,83 @@ def _check_outbox_limit() -> dict[str, object]:
         for k, o in enumerate(outs):
             want = torch.cat([torch.full((n,), float(100 * round_ + 10 * k + q)) for q in range(world)])
             assert torch.equal(o, want), (round_, k)
+    # more exchanges in flight than a peer has descriptor slots (4096): the later ones go by gloo,
+    # descriptor and payload, and still pair up when waited in reverse
+    many = 4200
+    mine = [torch.full((3,), float(k + 0.5 * rank)) for k in range(many)]
+    outs = [torch.empty(world * 3) for _ in range(many)]
+    works = [comm.all_gather_into_tensor(o, m, async_op=True) for o, m in zip(outs, mine)]
+    for w in reversed(works):
+        w.wait()
+    for k, o in enumerate(outs):
+        assert torch.equal(o, torch.cat([torch.full((3,), float(k + 0.5 * q)) for q in range(world)])), k
     channel = channel_for(None, world, rank)
     assert channel is not None
-    return {"extents": len(channel.extents), "shm": channel.shm_bytes > 0, "tcp": channel.tcp_bytes > 0}
+    return {
+        "extents": len(channel.extents), "shm": channel.shm_bytes > 0, "tcp": channel.tcp_bytes > 0,
+        "overflows": channel.overflows >= many - 4096,
+    }
 
 
 @pytest.mark.slow
 def test_a_full_outbox_sends_by_tcp_and_regions_are_reused() -> None:
     results = run_distributed(_check_outbox_limit, 2, timeout=180, env={"DSCORE_SHM_BYTES": str(16 << 20)})
-    assert results == [{"extents": 1, "shm": True, "tcp": True}] * 2
+    assert results == [{"extents": 1, "shm": True, "tcp": True, "overflows": True}] * 2
+
+
+def _one_rank_stays_silent() -> str:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from dscore.comm import Comm
+    from dscore.errors import DistributedError
+
+    comm = Comm(None, backend="gloo")
+    x = torch.ones(8)
+    comm.all_reduce(x)  # sets the channel up on both ranks
+    if dist.get_rank() == 1:
+        time.sleep(6)  # never posts the next all-reduce
+        return "silent"
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(x)
+    except DistributedError as exc:
+        return f"{time.monotonic() - t0:.1f} {exc}"
+    return "no error"
+
+
+@pytest.mark.slow
+def test_a_silent_peer_is_named_after_the_timeout_instead_of_a_hang() -> None:
+    results = run_distributed(_one_rank_stays_silent, 2, timeout=120, env={"DSCORE_SHM_TIMEOUT": "2"})
+    assert results[1] == "silent"
+    waited, _, message = results[0].partition(" ")
+    assert "rank 1" in message and "DSCORE_SHM_TIMEOUT" in message, results[0]
+    assert float(waited) >= 2.0
+
+
+def _one_rank_leaves() -> str:
+    import torch
+    import torch.distributed as dist
+
+    from dscore.comm import Comm
+    from dscore.errors import DistributedError
+
+    comm = Comm(None, backend="gloo")
+    x = torch.ones(8)
+    comm.all_reduce(x)
+    if dist.get_rank() == 1:
+        return "gone"  # the process exits without posting the next all-reduce
+    try:
+        comm.all_reduce(x)
+    except DistributedError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.slow
+def test_a_peer_that_exits_is_named_instead_of_a_hang() -> None:
+    results = run_distributed(_one_rank_leaves, 2, timeout=120)
+    assert results[1] == "gone"
+    assert "rank 1" in results[0] and "exited" in results[0], results[0]

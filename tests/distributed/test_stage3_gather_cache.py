@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from test_zero_stages import CLIP, GAS, LR, MICRO, STEPS, WORLD, batches, make_model, param_groups, reference
+from test_zero_stages import MICRO, STEPS, WORLD, batches, engine_config, make_model, param_groups, reference
 
 from dscore.testing import run_distributed
 
@@ -18,21 +18,8 @@ def _train() -> dict[str, Any]:
 
     import dscore
 
-    config = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": GAS,
-        "gradient_clipping": CLIP,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}},
-        "zero_optimization": {
-            "stage": 3,
-            "overlap_comm": True,
-            "reduce_bucket_size": 60,
-            "stage3_param_persistence_threshold": 20,
-            "stage3_prefetch_bucket_size": 200,
-            # release every unit after its forward, so backward re-gathers it: the cache serves both
-            "stage3_max_reuse_distance": 0,
-        },
-    }
+    # release every unit after its forward, so backward re-gathers it: the cache serves both
+    config = engine_config(3, stage3_max_reuse_distance=0)
     model = make_model()
     engine, *_ = dscore.initialize(model=model, model_parameters=param_groups(model), config=config)
     stage = engine.zero_stage_impl

@@ -82,6 +82,26 @@ def reference(steps: int = STEPS) -> tuple[dict[str, torch.Tensor], list[float]]
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, norms
 
 
+def engine_config(stage: int, **zero: Any) -> dict[str, Any]:
+    """A ``dscore.initialize`` config dict for this test's model and window: AdamW (torch), clipping, and the
+    ZeRO knobs of :func:`zero_config` (buckets smaller than the model) updated with ``zero``."""
+    return {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": GAS,
+        "gradient_clipping": CLIP,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}},
+        "zero_optimization": {
+            "stage": stage,
+            "overlap_comm": True,
+            "reduce_bucket_size": 60,
+            "allgather_bucket_size": 50,
+            "stage3_param_persistence_threshold": 20,
+            "stage3_prefetch_bucket_size": 200,
+            **zero,
+        },
+    }
+
+
 def zero_config(stage: int, **overrides: Any) -> Any:
     """The validated config (real models: defaults are the models' own) with this test's ZeRO knobs."""
     from dscore.config.load import load_config
