@@ -19,7 +19,7 @@ def _train() -> dict[str, Any]:
     import dscore
 
     # release every unit after its forward, so backward re-gathers it: the cache serves both
-    config = engine_config(3, stage3_max_reuse_distance=0)
+    config = engine_config(3, overlap_comm=True, stage3_max_reuse_distance=0)
     model = make_model()
     engine, *_ = dscore.initialize(model=model, model_parameters=param_groups(model), config=config)
     stage = engine.zero_stage_impl

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from test_zero_stages import CLIP, GAS, LR, MICRO, WORLD, batches, make_model, param_groups, reference
+from test_zero_stages import MICRO, WORLD, batches, engine_config, make_model, param_groups, reference
 
 from dscore.testing import run_distributed
 
@@ -18,20 +18,8 @@ def _engine_run(stage: int, offload: bool) -> dict[str, Any]:
 
     import dscore
 
-    config = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": GAS,
-        "gradient_clipping": CLIP,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}},
-        "zero_optimization": {
-            "stage": stage,
-            "reduce_bucket_size": 60,
-            "allgather_bucket_size": 50,
-            "stage3_param_persistence_threshold": 20,
-            "stage3_prefetch_bucket_size": 200,
-            **({"offload_optimizer": {"device": "cpu", "pin_memory": True}} if offload else {}),
-        },
-    }
+    offload_optimizer = {"offload_optimizer": {"device": "cpu", "pin_memory": True}} if offload else {}
+    config = engine_config(stage, **offload_optimizer)
     model = make_model()
     engine, optimizer, _, _ = dscore.initialize(model=model, model_parameters=param_groups(model), config=config)
     rank = dist.get_rank()

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from test_zero_stages import CLIP, GAS, LR, MICRO, STEPS, WORLD, batches, make_model, param_groups, reference
+from test_zero_stages import MICRO, STEPS, WORLD, batches, engine_config, make_model, param_groups, reference
 
 from dscore.testing import run_distributed
 
@@ -47,21 +47,7 @@ def _run(stage: int, extra: dict[str, Any]) -> list[dict[str, Any]]:
 
     import dscore
 
-    config = {
-        "train_micro_batch_size_per_gpu": MICRO,
-        "gradient_accumulation_steps": GAS,
-        "gradient_clipping": CLIP,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}},
-        "zero_optimization": {
-            "stage": stage,
-            "overlap_comm": True,
-            "reduce_bucket_size": 60,
-            "allgather_bucket_size": 50,
-            "stage3_param_persistence_threshold": 20,
-            "stage3_prefetch_bucket_size": 200,
-            **extra,
-        },
-    }
+    config = engine_config(stage, overlap_comm=True, **extra)
     model = make_model()
     engine, *_ = dscore.initialize(model=model, model_parameters=param_groups(model), config=config)
     rank = dist.get_rank()

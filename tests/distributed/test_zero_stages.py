@@ -83,8 +83,8 @@ def reference(steps: int = STEPS) -> tuple[dict[str, torch.Tensor], list[float]]
 
 
 def engine_config(stage: int, **zero: Any) -> dict[str, Any]:
-    """A ``dscore.initialize`` config dict for this test's model and window: AdamW (torch), clipping, and the
-    ZeRO knobs of :func:`zero_config` (buckets smaller than the model) updated with ``zero``."""
+    """A ``dscore.initialize`` config dict for this test's model and window: AdamW (torch), clipping, buckets
+    smaller than the model, updated with the ``zero_optimization`` keys in ``zero``."""
     return {
         "train_micro_batch_size_per_gpu": MICRO,
         "gradient_accumulation_steps": GAS,
@@ -92,7 +92,6 @@ def engine_config(stage: int, **zero: Any) -> dict[str, Any]:
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "torch_adam": True}},
         "zero_optimization": {
             "stage": stage,
-            "overlap_comm": True,
             "reduce_bucket_size": 60,
             "allgather_bucket_size": 50,
             "stage3_param_persistence_threshold": 20,
