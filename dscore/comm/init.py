@@ -61,6 +61,7 @@ from dscore.comm.env import DistributedEnv, discover_env, existing_group_env
 from dscore.comm.facade import Comm
 from dscore.comm.fingerprint import verify_plugin_set
 from dscore.comm.guard import ensure_all_arrived
+from dscore.comm.shm import flush_pending_sends
 from dscore.errors import DistributedError
 from dscore.specs import CommBackendSpec
 
@@ -168,6 +169,7 @@ class ProcessGroupOwner:
             self._leases = 0
         log.debug("destroying the process group dscore created (%s)", why)
         release_torch_group_pins()
+        flush_pending_sends()
         dist.destroy_process_group()
         if _backend_thread_activity() is not None:
             # some group survived its destroy: the default one kept by code dscore does not control, or a
@@ -188,6 +190,7 @@ class ProcessGroupOwner:
         """
         try:
             if not self.destroy("the interpreter is exiting"):
+                flush_pending_sends()
                 release_torch_group_pins()
         except Exception as exc:  # noqa: BLE001 - exit must go on; say what happened
             log.warning("could not end the process group cleanly at exit: %s", exc)

@@ -36,6 +36,7 @@ default timeout), makes the wait raise :class:`~dscore.errors.DistributedError` 
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import logging
 import mmap
@@ -47,6 +48,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -54,7 +56,7 @@ import torch.distributed as dist
 
 from dscore.errors import DistributedError
 
-__all__ = ["Exchange", "ShmChannel", "channel_for", "shm_enabled"]
+__all__ = ["Exchange", "ShmChannel", "channel_for", "flush_pending_sends", "shm_enabled"]
 
 log = logging.getLogger("dscore.comm")
 
@@ -76,6 +78,7 @@ _FUTEX_WAIT = 0
 _FUTEX_WAKE = 1
 
 _channels: weakref.WeakKeyDictionary[Any, ShmChannel | None] = weakref.WeakKeyDictionary()
+_flush_registered = False
 
 
 def shm_enabled() -> bool:
@@ -395,6 +398,24 @@ class ShmChannel:
         for q in peers:
             own[self._ack(q, seq)] = seq
 
+    def flush(self, timeout: float) -> int:
+        """Wait (at most ``timeout`` seconds in all) for this rank's gloo sends still in flight: a peer
+        receives them only when it waits the exchange, so a rank that is done must not exit before.
+        Returns how many were left undelivered (0 normally)."""
+        deadline = time.monotonic() + timeout
+        while self._sends:
+            w, _ = self._sends[0]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                w.wait(timedelta(seconds=left))
+            except RuntimeError as exc:  # the peer is gone or the wait timed out: nothing more to deliver
+                log.warning("shared-memory exchange: a send to a peer did not complete: %s", exc)
+                break
+            self._sends.popleft()
+        return len(self._sends)
+
     def close(self) -> None:
         """Wait for this rank's gloo sends, unmap every extent (its and its peers'); unusable afterwards."""
         for w, _ in self._sends:
@@ -467,6 +488,16 @@ class Exchange:
         self._by_slot = []
 
 
+def flush_pending_sends(timeout: float = 60.0) -> int:
+    """Deliver every channel's gloo sends still in flight (see :meth:`ShmChannel.flush`); run before a
+    process group is destroyed and at interpreter exit. Returns the sends left undelivered."""
+    left = 0
+    for channel in list(_channels.values()):
+        if channel is not None and channel._sends:
+            left += channel.flush(timeout)
+    return left
+
+
 def channel_for(grp: Any, world: int, rank: int) -> ShmChannel | None:
     """The group's :class:`ShmChannel`, or None when its payloads go by TCP (decided on first use).
 
@@ -478,8 +509,12 @@ def channel_for(grp: Any, world: int, rank: int) -> ShmChannel | None:
         return _channels[key]
     except KeyError:
         pass
+    global _flush_registered
     channel = _set_up(grp, world, rank) if shm_enabled() else None
     _channels[key] = channel
+    if channel is not None and not _flush_registered:
+        atexit.register(flush_pending_sends)  # after the group's own exit hooks: runs before them
+        _flush_registered = True
     return channel
 
 
