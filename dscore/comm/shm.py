@@ -2,14 +2,14 @@
 
 gloo moves every byte through TCP, also between processes of one host: on loopback a 2-rank exchange
 of 8 MiB per direction took 9 ms (0.9 GB/s), where a memory copy of the same bytes takes 0.3 ms. When
-every rank of a group runs on the same host, :class:`ShmChannel` keeps gloo for the *signalling* and
-moves the *payload* through memory the ranks share:
+every rank of a group runs on the same host, :class:`ShmChannel` moves the payloads through memory the
+ranks share and signals with futexes; gloo is used only when the shared memory cannot take an exchange:
 
 * each rank owns an **outbox**: ``memfd`` extents (anonymous shared memory, freed by the kernel when the
   process exits, so a crash leaks nothing) that its peers map through ``/proc/<pid>/fd/<fd>``;
 * a pairwise exchange (:meth:`ShmChannel.post`) copies each payload into a free region of the outbox and
   *posts* it to every peer through a **control segment** (also ``memfd``, mapped by the peers): a
-  descriptor ``(mode, fd, offset, nbytes)`` in the slot of this exchange's number, then the exchange
+  descriptor ``(number, mode, fd, offset, nbytes)`` in the slot of this exchange's number, then the exchange
   number in the peer's *posted* word, then a ``FUTEX_WAKE`` on that word. A peer waiting for the payload
   sleeps in ``FUTEX_WAIT`` on the word (microseconds to wake, where a gloo point-to-point token took
   0.3-0.7 ms on this 2-core machine) and reads the payload straight from the mapped region
@@ -22,6 +22,8 @@ moves the *payload* through memory the ranks share:
 * when the outbox is at its limit (``DSCORE_SHM_BYTES``, default 256 MiB of address space; pages
   cost memory only once written) the payload goes by gloo ``isend`` on a tag of its own (mode 2), as
   without shared memory. A peer that never waits its work only holds regions, it cannot block anyone.
+  Such gloo sends are waited lazily (waiting them in order could deadlock ranks that wait exchanges in
+  different orders) and delivered by :func:`flush_pending_sends` before dscore destroys a group and at exit.
 
 :func:`channel_for` decides once per group, collectively, whether the channel is used: every rank must
 be on one host (same host name, boot id and PID namespace), able to map a peer's extent, and not have
