@@ -115,7 +115,6 @@ def _pairwise_op(op: Any) -> bool:
 # caller's own send/recv on the same group (those default to tag 0)
 _PAIRWISE_TAG = 0x5C
 _ALLGATHER_TAG = 0x5D
-_ALLREDUCE_TAG = 0x5E
 # a shared-memory all-reduce below this many bytes is one exchange of the whole tensor (each rank sums all
 # of them); from it on, a reduce-scatter then an all-gather (each rank sums only its piece)
 _SHM_ALLREDUCE_SPLIT_BYTES = 64 << 10
@@ -395,14 +394,14 @@ class Comm:
         rank = dist.get_rank(grp)
         step = -(-flat.numel() // world)
         pieces = [flat[q * step : (q + 1) * step] for q in range(world)]
-        scatter = channel.post([pieces[q] if q != rank else None for q in range(world)], grp, _ALLREDUCE_TAG)
+        scatter = channel.post([pieces[q] if q != rank else None for q in range(world)], grp)
 
         def finish() -> None:
             mine = pieces[rank]
             self._sum_into(mine, mine, scatter, rank, world)
             if _is_avg(rop):
                 mine.div_(world)
-            gather = channel.post([mine if q != rank else None for q in range(world)], grp, _ALLREDUCE_TAG)
+            gather = channel.post([mine if q != rank else None for q in range(world)], grp)
             for w in gather.works:
                 w.wait()
             for q in range(world):
@@ -418,13 +417,12 @@ class Comm:
         On this 2-core machine: ~0.1 ms where gloo's all-reduce of a few elements takes 1-2 ms."""
         world = dist.get_world_size(grp)
         rank = dist.get_rank(grp)
-        exchange = channel.post([flat if q != rank else None for q in range(world)], grp, _ALLREDUCE_TAG)
-        own = flat.clone()
+        exchange = channel.post([flat if q != rank else None for q in range(world)], grp)
 
-        def finish() -> None:
-            total = (own if rank == 0 else exchange.payload(0, own)).clone()
+        def finish() -> None:  # flat is untouched until the end (torch's contract for in-flight tensors)
+            total = (flat if rank == 0 else exchange.payload(0, flat)).clone()
             for q in range(1, world):
-                total.add_(own if q == rank else exchange.payload(q, own))
+                total.add_(flat if q == rank else exchange.payload(q, flat))
             exchange.done()
             if _is_avg(rop):
                 total.div_(world)
@@ -577,7 +575,7 @@ class Comm:
             return _DONE if async_op else None
         channel = self._shm(grp, output)
         if channel is not None:
-            exchange = channel.post([chunks[q] if q != rank else None for q in range(world)], grp, _PAIRWISE_TAG)
+            exchange = channel.post([chunks[q] if q != rank else None for q in range(world)], grp)
 
             def finish_shm() -> None:
                 self._sum_into(output.view(-1), chunks[rank], exchange, rank, world)
@@ -696,7 +694,7 @@ class Comm:
         channel = self._shm(grp, src)
         if channel is not None:
             flat_src = src.view(-1)
-            exchange = channel.post([flat_src if q != rank else None for q in range(len(outs))], grp, _ALLGATHER_TAG)
+            exchange = channel.post([flat_src if q != rank else None for q in range(len(outs))], grp)
 
             def finish() -> None:
                 for q, out in enumerate(outs):

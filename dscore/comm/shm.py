@@ -311,14 +311,12 @@ class ShmChannel:
                 )
 
     # ------------------------------------------------------------------ exchanges
-    def post(self, payloads: Sequence[torch.Tensor | None], grp: Any, tag: int) -> Exchange:
+    def post(self, payloads: Sequence[torch.Tensor | None], grp: Any) -> Exchange:
         """Start one pairwise exchange: ``payloads[q]`` (flat, contiguous, CPU) goes to group rank ``q``
         (None at this rank's own index). The same tensor object given for several peers is copied once.
-        ``tag`` is unused (the exchange number orders everything); kept so callers read like gloo's.
         Never blocks. Returns the :class:`Exchange` whose :attr:`Exchange.works` must complete before its
         payloads are read.
         """
-        del tag
         self._posted += 1
         seq = self._posted
         self._release_read_regions()
@@ -349,15 +347,15 @@ class ShmChannel:
                     self.shm_bytes += nbytes
                 if by_slot:
                     placed[id(t)] = head
-            peer = q if grp is None else dist.get_global_rank(grp, q)
-            tag_seq = _payload_tag(seq)
-            if not by_slot:
-                self.overflows += 1
-                desc = torch.tensor((seq, *head), dtype=torch.int64)
-                self._sends.append((dist.isend(desc, dst=peer, group=grp, tag=tag_seq), desc))
-            if head[0] == _MODE_TCP and nbytes:
-                copy = t.detach().clone()  # the caller may reuse its tensor once the work completes
-                self._sends.append((dist.isend(copy, dst=peer, group=grp, tag=tag_seq), copy))
+            if not by_slot or (head[0] == _MODE_TCP and nbytes):  # gloo carries part of this exchange
+                peer = q if grp is None else dist.get_global_rank(grp, q)
+                if not by_slot:
+                    self.overflows += 1
+                    desc = torch.tensor((seq, *head), dtype=torch.int64)
+                    self._sends.append((dist.isend(desc, dst=peer, group=grp, tag=_payload_tag(seq)), desc))
+                if head[0] == _MODE_TCP and nbytes:
+                    copy = t.detach().clone()  # the caller may reuse its tensor once the work completes
+                    self._sends.append((dist.isend(copy, dst=peer, group=grp, tag=_payload_tag(seq)), copy))
             if by_slot:
                 own[slot : slot + _DESC] = torch.tensor((seq, *head), dtype=torch.int64)
             word = self._posted_word(q)
