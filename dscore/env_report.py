@@ -82,6 +82,36 @@ def _swap() -> dict[str, Any]:
             "stale": [str(p) for p in find_stale_swap_folders()]}
 
 
+def deepspeed_compat() -> dict[str, Any]:
+    """What ``import deepspeed`` gives in this environment, read from installed metadata (nothing imported).
+
+    Returns:
+        ``{"active": bool, "version": str | None, "location": str | None, "detail": str}``: ``active`` is True
+        when the ``deepspeed`` distribution is dscore's compatibility layer (``compat/deepspeed``, version
+        ``0.19.8+dscore...``), so Hugging Face Trainer / Accelerate / TRL calls into DeepSpeed run on dscore.
+    """
+    import importlib.metadata
+    import importlib.util
+
+    spec = importlib.util.find_spec("deepspeed")
+    location = None if spec is None or spec.origin is None else os.path.dirname(spec.origin)
+    try:
+        version = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    if spec is None and version is None:
+        return {"active": False, "version": None, "location": None,
+                "detail": "not installed (pip install ./compat/deepspeed from the dscore repository)"}
+    if version is not None and "+dscore" in version and spec is not None:
+        return {"active": True, "version": version, "location": location,
+                "detail": f"active: `import deepspeed` is dscore's compatibility layer {version} ({location})"}
+    if spec is not None and version is None:
+        return {"active": False, "version": None, "location": location,
+                "detail": f"a `deepspeed` module without installed metadata at {location} (not dscore's layer)"}
+    return {"active": False, "version": version, "location": location,
+            "detail": f"DeepSpeed {version} is installed ({location}); dscore's compatibility layer is not"}
+
+
 def _registry() -> Any:
     from dscore.plugin_manager import create_plugin_manager
     from dscore.registry import Registry
@@ -140,7 +170,8 @@ def collect_report() -> dict[str, Any]:
     """Gather every item; each is ``{"value": ...}`` or ``{"value": None, "error": "..."}``.
 
     Returns:
-        ``{"dscore", "python", "torch", "cxx", "ninja", "nvcc", "cpu_simd", "shm", "swap", "accelerator", "ops"}``
+        ``{"dscore", "python", "torch", "cxx", "ninja", "nvcc", "cpu_simd", "shm", "swap", "deepspeed_compat",
+        "accelerator", "ops"}`` (``deepspeed_compat``: see :func:`deepspeed_compat`)
         (``swap``: ``{"index", "roots", "stale"}``, NVMe-offload swap folders left by killed runs, see
         :mod:`dscore.swap_folders`);
         ``ops`` holds a list of rows ``{name, device_types, build_env_var, compatible, reason, built, ...}``.
@@ -155,6 +186,7 @@ def collect_report() -> dict[str, Any]:
         "cpu_simd": _probe(_cpu_simd),
         "shm": _probe(_shm),
         "swap": _probe(_swap),
+        "deepspeed_compat": _probe(deepspeed_compat),
     }
     registry = _probe(_registry)
     if "error" in registry:
@@ -195,6 +227,8 @@ def format_report(report: dict[str, Any]) -> str:
     ) + f" under {len(v['roots'])} nvme_path(s) listed in {v['index']}"))
     for path in (report["swap"].get("value") or {}).get("stale", []):
         lines.append(f"{'':30}stale: {path}")
+    if "deepspeed_compat" in report:
+        row("deepspeed (compat)", _show(report["deepspeed_compat"], lambda v: str(v["detail"])))
     row("accelerator", _show(report["accelerator"], lambda v: f"{v['name']} ({v['reason'].split('; skipped ')[0]})"))
     accelerator = report["accelerator"].get("value") or {}
     if "; skipped " in str(accelerator.get("reason", "")):

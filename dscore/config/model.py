@@ -266,6 +266,11 @@ class DscoreConfig(SectionModel):
         """The user's config as given, after legacy migration (a deep copy is not made: do not mutate)."""
         return self._raw
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """``raw.get(key, default)``: the config read as the dict that was passed, as DeepSpeed's
+        ``engine.config`` is (Hugging Face Trainer reads ``engine.config.get("zero_optimization", {})``)."""
+        return self._raw.get(key, default)
+
     @property
     def world_size(self) -> int:
         """The data-parallel world size the batch triangle was resolved with."""

@@ -394,6 +394,33 @@ class DscoreEngine(torch.nn.Module):
         """The module's full state dict (under ZeRO-3 gathered: collective, call on every rank)."""
         return self.zero_stage_impl.module_state_dict()
 
+    def consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor] | None:
+        """ZeRO-3: the gathered module state dict (parameters in the compute dtype, buffers as held) on rank
+        0 and None on the other ranks; DeepSpeed's ``engine._zero3_consolidated_16bit_state_dict`` (the
+        name Accelerate and Lightning call, also provided). Collective: call on every rank.
+
+        Args:
+            exclude_frozen_parameters: leave out parameters with ``requires_grad=False``.
+
+        Raises:
+            EngineError: the ZeRO stage is not 3 (DeepSpeed raises ValueError "this function requires ZeRO-3
+                mode"; EngineError is a RuntimeError, and Accelerate only calls it at stage 3).
+        """
+        if self.zero_optimization_stage() != 3:
+            raise EngineError(
+                "consolidated_16bit_state_dict() / _zero3_consolidated_16bit_state_dict() needs ZeRO stage 3; "
+                f"this engine runs stage {self.zero_optimization_stage()} (use module_state_dict())"
+            )
+        state = self.zero_stage_impl.module_state_dict()
+        if self.global_rank != 0:
+            return None
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return {k: v.detach().to("cpu") for k, v in state.items()}
+
+    _zero3_consolidated_16bit_state_dict = consolidated_16bit_state_dict
+
     def empty_partition_cache(self) -> None:
         """Release every gathered (non-persistent) ZeRO-3 parameter and the memory kept for re-gathering
         them, as DeepSpeed's ``engine.empty_partition_cache()`` (e.g. before generation or offloading the

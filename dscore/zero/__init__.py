@@ -36,7 +36,7 @@ from dscore.zero.optimizer import (
     unscale_clip,
     unscale_clip_for_step,
 )
-from dscore.zero.partition import FlatUnit, is_partitioned, unit_of
+from dscore.zero.partition import FlatUnit, ZeroParamStatus, is_partitioned, unit_of
 from dscore.zero.reducer import GradientReducer, ReduceBucket
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "Init",
     "ReduceBucket",
     "Segment",
+    "ZeroParamStatus",
     "build_optimizer",
     "check_client_groups",
     "gather_by_name",

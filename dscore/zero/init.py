@@ -46,6 +46,24 @@ def _all_subclasses(cls: type) -> set[type]:
     return out
 
 
+def _config_dtype(source: Any) -> torch.dtype:
+    """The partition dtype a ds_config asks for (DeepSpeed's ``zero.Init`` rule)."""
+    from dscore.config.loader import read_source
+    from dscore.errors import ConfigError
+
+    data, name, _warnings = read_source(source)
+
+    def enabled(key: str) -> bool:
+        block = data.get(key)
+        return isinstance(block, dict) and block.get("enabled") is True
+
+    if enabled("bf16") and enabled("fp16"):
+        raise ConfigError(f"{name}: bf16.enabled and fp16.enabled are both true", path="bf16.enabled", source=name)
+    if enabled("bf16") or enabled("bfloat16"):
+        return torch.bfloat16
+    return torch.float16 if enabled("fp16") else torch.float32
+
+
 class Init:
     """Context manager: modules constructed inside it are born partitioned across data-parallel ranks.
 
@@ -58,8 +76,9 @@ class Init:
             parameters of one module must then share a dtype).
         device: device of the partitions (default: the parameters' device).
         enabled: False makes the context a no-op (DeepSpeed's ``enabled=``).
-        config_dict_or_path: accepted for DeepSpeed compatibility and ignored (partitioning needs no
-            config here; ZeRO options are read by the engine).
+        config_dict_or_path: the ds_config (dict, path or base64). When ``dtype`` is None it sets the
+            partitions' dtype as DeepSpeed does: ``bf16.enabled`` -> bfloat16, ``fp16.enabled`` -> float16,
+            neither -> float32 (both enabled is a ``ConfigError``). Other ZeRO options are read by the engine.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised and ``enabled`` (call
@@ -84,6 +103,8 @@ class Init:
         config_dict_or_path: Any = None,
     ) -> None:
         self.enabled = enabled
+        if dtype is None and config_dict_or_path is not None and enabled:
+            dtype = _config_dtype(config_dict_or_path)
         self.dtype = dtype
         self.device = torch.device(device) if device is not None else None
         self._comm = comm

@@ -16,6 +16,7 @@ the stage-3 plugin (``dscore_plugins.zero.stage3``) builds and drives them durin
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -26,9 +27,19 @@ from dscore.comm import Comm, Work
 from dscore.zero.buffer_cache import GatherBufferCache
 from dscore.zero.layout import packed_offsets
 
-__all__ = ["FlatUnit", "unit_of", "is_partitioned"]
+__all__ = ["FlatUnit", "ZeroParamStatus", "unit_of", "is_partitioned"]
 
 _UNIT_ATTR = "_dscore_unit"
+
+
+class ZeroParamStatus(enum.Enum):
+    """Whether a partitioned parameter's full value is present (DeepSpeed's ``param.ds_status`` values):
+    ``AVAILABLE`` gathered, ``NOT_AVAILABLE`` released (only the partition exists), ``INFLIGHT`` a gather was
+    launched and not yet waited for."""
+
+    AVAILABLE = 1
+    NOT_AVAILABLE = 2
+    INFLIGHT = 3
 
 
 def unit_of(param: torch.Tensor) -> FlatUnit | None:
@@ -117,7 +128,14 @@ class FlatUnit:
             p.data = self.full[off : off + n].view(shape)
             p.ds_shape = shape  # type: ignore[attr-defined]
             p.ds_numel = n  # type: ignore[attr-defined]
+            p.ds_status = ZeroParamStatus.AVAILABLE if self.gathered else ZeroParamStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
+            lo, hi = self.rank * self.chunk, (self.rank + 1) * self.chunk
+            p.partition_numel = _Count(max(0, min(off + n, hi) - max(off, lo)))  # type: ignore[attr-defined]
             setattr(p, _UNIT_ATTR, self)
+
+    def _set_status(self, status: ZeroParamStatus) -> None:
+        for p in self.params:
+            p.ds_status = status  # type: ignore[attr-defined]
 
     def own_slice(self) -> torch.Tensor:
         """This rank's chunk of ``full`` (a view; valid only while gathered)."""
@@ -134,6 +152,7 @@ class FlatUnit:
             self.full[self.numel :].zero_()
             self.partition.copy_(self.own_slice())
         self.gathered = True
+        self._set_status(ZeroParamStatus.AVAILABLE)
 
     # ------------------------------------------------------------------ gather / release
     def _ensure_storage(self) -> None:
@@ -155,6 +174,7 @@ class FlatUnit:
         self._ensure_storage()
         self._launch(async_op)
         self.gathered = True
+        self._set_status(ZeroParamStatus.INFLIGHT)
         if not async_op:
             self.wait()
 
@@ -180,6 +200,7 @@ class FlatUnit:
         if self._handle is not None:
             self._handle.wait()
             self._handle = None
+            self._set_status(ZeroParamStatus.AVAILABLE)
 
     def release(self) -> None:
         """Free the full buffer's storage (the partition stays). No-op when already released."""
@@ -191,6 +212,7 @@ class FlatUnit:
         else:
             self.full.untyped_storage().resize_(0)
         self.gathered = False
+        self._set_status(ZeroParamStatus.NOT_AVAILABLE)
 
     def write_back(self) -> None:
         """Copy this rank's chunk of the (gathered, possibly modified) full buffer into the partition and
@@ -220,3 +242,19 @@ def _param_groups_of(module_or_params: Any) -> list[torch.nn.Parameter]:
     if isinstance(module_or_params, torch.Tensor):
         return [module_or_params]  # type: ignore[list-item]
     return list(module_or_params)
+
+
+class _Count:
+    """``param.partition_numel()``: elements of the parameter held in this rank's partition (a callable, as
+    DeepSpeed's method; here it is the parameter's overlap with this rank's chunk of its unit)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __call__(self) -> int:
+        return self.value
+
+    def __repr__(self) -> str:
+        return f"partition_numel() -> {self.value}"

@@ -1,0 +1,78 @@
+"""``deepspeed``, provided by dscore: DeepSpeed's import paths mapped onto dscore's public API.
+
+This is the compatibility distribution of dscore (``compat/deepspeed`` in the dscore repository). Code written
+against DeepSpeed 0.19.8 - the Hugging Face ``Trainer``, Accelerate, TRL, Lightning's converter, user
+scripts - imports ``deepspeed`` and runs on dscore. It is a thin skin: every behaviour lives in dscore; here
+names are mapped and the values client libraries write are converted at the edge (see
+:func:`dscore.config.client_values.convert_client_values`). What dscore does not implement is refused
+with a dscore error, never imitated.
+
+``__version__`` is the DeepSpeed version whose semantics dscore follows, with a local tag naming dscore
+(``0.19.8+dscore0.1.0``); ``__dscore__`` is True so tools can tell this package from DeepSpeed.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+try:
+    __version__ = version("deepspeed")
+except PackageNotFoundError:  # imported from a source tree that is not installed
+    __version__ = "0.19.8+dscore"
+__version_major__, __version_minor__, __version_patch__ = (int(p) for p in __version__.split("+")[0].split(".")[:3])
+__git_hash__ = None
+__git_branch__ = None
+__dscore__ = True
+
+__all__ = [
+    "DeepSpeedEngine",
+    "__version__",
+    "add_config_arguments",
+    "checkpointing",
+    "comm",
+    "init_distributed",
+    "initialize",
+    "ops",
+    "runtime",
+    "utils",
+    "zero",
+]
+
+# name -> "module:attribute" ("" = the module itself); resolved on first access so that
+# `import deepspeed` stays as light as `import dscore` (transformers imports it at module level)
+_LAZY: dict[str, str] = {
+    "initialize": "deepspeed._initialize:initialize",
+    "DeepSpeedEngine": "dscore.runtime.engine:DscoreEngine",
+    "init_distributed": "deepspeed.comm:init_distributed",
+    "add_config_arguments": "dscore.config:add_config_arguments",
+    "comm": "deepspeed.comm:",
+    "zero": "deepspeed.zero:",
+    "ops": "deepspeed.ops:",
+    "runtime": "deepspeed.runtime:",
+    "utils": "deepspeed.utils:",
+    "accelerator": "deepspeed.accelerator:",
+    "checkpoint": "deepspeed.checkpoint:",
+    "checkpointing": "deepspeed.checkpointing:",
+    "launcher": "deepspeed.launcher:",
+}
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(
+            f"module 'deepspeed' (dscore's compatibility layer) has no attribute {name!r}; dscore provides "
+            "the DeepSpeed API that Hugging Face Trainer, Accelerate, TRL and Lightning use (see dscore's "
+            "README, 'Coming from DeepSpeed')"
+        )
+    module_name, _, attr = target.partition(":")
+    module = import_module(module_name)
+    value = getattr(module, attr) if attr else module
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,17 @@
+"""``deepspeed.ops.adagrad.DeepSpeedCPUAdagrad``: dscore's registered optimizer of that name (see :mod:`deepspeed.ops`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DeepSpeedCPUAdagrad"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DeepSpeedCPUAdagrad":
+        from deepspeed.ops import registered_optimizer_class
+
+        cls = registered_optimizer_class(name)
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"deepspeed.ops.adagrad.{name} is not provided by dscore's compatibility layer")

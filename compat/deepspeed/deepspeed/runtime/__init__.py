@@ -1,0 +1,14 @@
+"""``deepspeed.runtime``: the engine, base optimizer and LR-schedule names, mapped onto dscore."""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+__all__ = ["base_optimizer", "engine", "lr_schedules", "zero"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return import_module(f"deepspeed.runtime.{name}")
+    raise AttributeError(f"deepspeed.runtime.{name} is not provided by dscore's compatibility layer")

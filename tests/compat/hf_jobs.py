@@ -1,0 +1,166 @@
+"""Training jobs driven by the unchanged Hugging Face Trainer / Accelerate through ``import deepspeed``.
+
+Each function runs on one rank of a 2-process gloo job (``dscore.testing.run_distributed(...,
+init_process_group=False)``: Accelerate creates the process group itself) and returns plain data. The same
+functions run against DeepSpeed 0.19.8 in ``bench/compat_vs_deepspeed.py``, which is how the per-step losses
+are compared; so they use only what both provide.
+
+The model is a tiny GPT-2 built from a config (no download), fed token-id tensors (no tokenizer); dropout is
+off so runs are deterministic; fp32 throughout.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+VOCAB, SEQ, SAMPLES = 96, 16, 64
+
+
+def ds_config(stage: int, gas: int = 2) -> dict[str, Any]:
+    """The ds_config handed to ``TrainingArguments(deepspeed=...)`` ("auto" values filled by the Trainer)."""
+    zero: dict[str, Any] = {"stage": stage}
+    if stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    return {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+        "zero_optimization": zero,
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+    }
+
+
+def tiny_gpt2_config() -> Any:
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+
+
+class TokenDataset:
+    """``SAMPLES`` fixed random sequences of token ids; labels are the inputs (causal LM)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(1234)
+        self.ids = torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g, device="cpu")
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i].clone()}
+
+
+def _params_digest(model: Any) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        return [float(p.double().sum()) for p in model.parameters()]
+
+
+def trainer_run(
+    stage: int,
+    out_dir: str,
+    max_steps: int = 10,
+    save_steps: int = 5,
+    resume: str | None = None,
+    build_in_zero_init: bool = False,
+) -> dict[str, Any]:
+    """Train with ``transformers.Trainer(args=TrainingArguments(deepspeed=cfg, use_cpu=True))``.
+
+    Returns ``{"losses": {step: loss}, "grad_norms": {step: norm}, "checkpoints": [...], "deepspeed":
+    deepspeed.__version__, "engine": type name}``. With ``resume`` the Trainer resumes from that checkpoint
+    folder. ``build_in_zero_init`` builds the model after ``TrainingArguments`` through ``from_config`` (at
+    ZeRO-3 the model is then born partitioned inside ``deepspeed.zero.Init``); otherwise it is built first,
+    seeded, as a plain module.
+    """
+    import torch
+    from transformers import GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
+
+    import deepspeed
+
+    set_seed(42)
+    model = None if build_in_zero_init else GPT2LMHeadModel(tiny_gpt2_config())
+    args = TrainingArguments(
+        output_dir=out_dir,
+        deepspeed=ds_config(stage),
+        use_cpu=True,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-3,
+        lr_scheduler_type="linear",
+        warmup_steps=2,
+        max_steps=max_steps,
+        logging_steps=1,
+        save_steps=save_steps,
+        save_strategy="steps",
+        report_to=[],
+        seed=42,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        save_only_model=False,
+    )
+    if model is None:
+        model = GPT2LMHeadModel._from_config(tiny_gpt2_config())
+    trainer = Trainer(model=model, args=args, train_dataset=TokenDataset())
+    trainer.train(resume_from_checkpoint=resume)
+    history = trainer.state.log_history
+    losses = {int(h["step"]): float(h["loss"]) for h in history if "loss" in h}
+    norms = {int(h["step"]): float(h["grad_norm"]) for h in history if "grad_norm" in h}
+    checkpoints = sorted(d for d in os.listdir(out_dir) if d.startswith("checkpoint-"))
+    engine = trainer.model_wrapped
+    result = {
+        "losses": losses,
+        "grad_norms": norms,
+        "checkpoints": checkpoints,
+        "deepspeed": deepspeed.__version__,
+        "engine": type(engine).__name__,
+        "is_engine": isinstance(engine, deepspeed.DeepSpeedEngine),
+        "torch_threads": torch.get_num_threads(),
+    }
+    return result
+
+
+def accelerate_run(stage: int, steps: int = 6) -> dict[str, Any]:
+    """Accelerate's own loop: ``PartialState(cpu=True)``, ``Accelerator(deepspeed_plugin=...)``, prepare,
+    ``accelerator.backward`` / ``optimizer.step`` / ``zero_grad``; returns the per-step losses (rank-local)."""
+    import torch
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import DeepSpeedPlugin, set_seed
+    from torch.utils.data import DataLoader
+    from transformers import GPT2LMHeadModel
+
+    PartialState(cpu=True)
+    set_seed(7)
+    plugin = DeepSpeedPlugin(hf_ds_config={
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+    })
+    accelerator = Accelerator(cpu=True, deepspeed_plugin=plugin)
+    model = GPT2LMHeadModel(tiny_gpt2_config())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loader = DataLoader(TokenDataset(), batch_size=2, shuffle=False)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses: list[float] = []
+    for i, batch in enumerate(loader):
+        if i == steps:
+            break
+        out = model(**batch)
+        accelerator.backward(out.loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(out.loss.detach()))
+    state = accelerator.get_state_dict(model)
+    names = sorted(state) if state is not None else []
+    accelerator.end_training()
+    return {"losses": losses, "state_keys": len(names), "engine": type(model).__name__}
