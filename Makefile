@@ -4,7 +4,8 @@
 #   make test  - set up (idempotent) and run the whole test suite (CI runs this, then `make lint`)
 # Other targets: setup (the venv alone), lint (ruff, import contract, mypy), bench (bench/run_all.sh),
 # bench-venv (a separate venv with DeepSpeed 0.19.8 for the benchmarks' side-by-side rows), clean (remove the venvs).
-# After `make setup`, `source .venv/bin/activate` puts `dscore` on PATH.
+# After `make setup`, `source .venv/bin/activate` puts `dscore` on PATH. setup also installs compat/deepspeed
+# (the `deepspeed` import name on top of dscore, for the Trainer/Accelerate tests in tests/compat/).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,10 +18,11 @@ setup: $(STAMP)
 # A venv that also sees the system's packages, so a torch build already installed (CPU, CUDA, ROCm, ...)
 # is kept; only when no torch is importable is torch 2.13.0 installed from the package index that pip
 # is configured to use.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml compat/deepspeed/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -e ./compat/deepspeed --no-deps
 	touch $(STAMP)
 
 # ARGS reach train.py, e.g. make run ARGS="--no-resume" or ARGS="--data my_text_dir --steps 1000"

@@ -48,6 +48,15 @@ def rows_wanted(no_deepspeed: bool, require_deepspeed: bool, rows: str, log: log
         return False
     from importlib.metadata import version
 
+    from dscore.env_report import deepspeed_compat
+
+    if deepspeed_compat()["active"]:  # `deepspeed` is dscore's own compatibility layer, not a peer
+        if require_deepspeed:
+            log.error("DeepSpeed: %s imports dscore's compatibility layer (compat/deepspeed), not DeepSpeed; "
+                      "use the bench venv as bench/README.md says", sys.executable)
+            raise SystemExit(2)
+        log.info("DeepSpeed: `deepspeed` here is dscore's compatibility layer, not DeepSpeed; skipping the peer rows")
+        return False
     log.info("DeepSpeed %s: rows %s (DS_ACCELERATOR=cpu, gloo)", version("deepspeed"), rows)
     return True
 

@@ -160,9 +160,13 @@ def deepspeed_bench(args: argparse.Namespace) -> int:
         ds_dir = args.deepspeed_dir
         if ds_dir is None:
             python = args.deepspeed_python or sys.executable
-            probe = subprocess.run([python, "-c", "import deepspeed"], capture_output=True)
+            # a `deepspeed` that is dscore's compatibility layer (compat/deepspeed) is not DeepSpeed
+            probe = subprocess.run(
+                [python, "-c", "import deepspeed; assert not getattr(deepspeed, '__dscore__', False)"], capture_output=True
+            )
             if probe.returncode != 0:
-                print("deepspeed is not importable by", python, "- pass --deepspeed-python or --deepspeed-dir")
+                print("DeepSpeed is not importable by", python, "(or it is dscore's compatibility layer) - pass "
+                      "--deepspeed-python or --deepspeed-dir")
                 return 2
             t0 = time.perf_counter()
             ds_dir = _make_deepspeed_checkpoint(python, root, args.params_millions)

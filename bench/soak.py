@@ -152,6 +152,10 @@ def main() -> int:
             print(f"soak: --peer deepspeed skipped: DeepSpeed is not importable by {args.python} ({last}); "
                   "install the bench extra (pip install -e '.[bench]') or pass --python of a venv that has it")
             return 0
+        if "+dscore" in probe.stdout:  # compat/deepspeed: dscore itself under DeepSpeed's name, not a peer
+            print(f"soak: --peer deepspeed skipped: `deepspeed` in {args.python} is dscore's compatibility layer "
+                  f"({probe.stdout.strip()}); pass --python of a venv with DeepSpeed")
+            return 0
         print(f"soak: peer DeepSpeed {probe.stdout.strip()} ({args.python})", flush=True)
 
     work = Path(tempfile.mkdtemp(prefix="dscore-soak-"))

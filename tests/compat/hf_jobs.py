@@ -139,14 +139,17 @@ def accelerate_run(stage: int, steps: int = 6) -> dict[str, Any]:
 
     PartialState(cpu=True)
     set_seed(7)
+    zero: dict[str, Any] = {"stage": stage}
+    if stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
     plugin = DeepSpeedPlugin(hf_ds_config={
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": 1.0,
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,
     })
-    accelerator = Accelerator(cpu=True, deepspeed_plugin=plugin)
+    accelerator = Accelerator(deepspeed_plugin=plugin)  # the process state is already the CPU one
     model = GPT2LMHeadModel(tiny_gpt2_config())
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(TokenDataset(), batch_size=2, shuffle=False)
@@ -160,7 +163,8 @@ def accelerate_run(stage: int, steps: int = 6) -> dict[str, Any]:
         optimizer.step()
         optimizer.zero_grad()
         losses.append(float(out.loss.detach()))
-    state = accelerator.get_state_dict(model)
+    state = accelerator.get_state_dict(model)  # ZeRO-3: gathered on rank 0 (engine._zero3_consolidated_...)
     names = sorted(state) if state is not None else []
+    digest = float(sum(v.double().sum() for v in state.values())) if state else None
     accelerator.end_training()
-    return {"losses": losses, "state_keys": len(names), "engine": type(model).__name__}
+    return {"losses": losses, "state_keys": len(names), "state_digest": digest, "engine": type(model).__name__}
