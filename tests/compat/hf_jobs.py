@@ -109,6 +109,7 @@ def trainer_run(
     )
     if model is None:
         model = GPT2LMHeadModel._from_config(tiny_gpt2_config())
+    born_partitioned = all(hasattr(p, "ds_numel") for p in model.parameters())  # zero.Init partitioned it
     trainer = Trainer(model=model, args=args, train_dataset=TokenDataset())
     trainer.train(resume_from_checkpoint=resume)
     history = trainer.state.log_history
@@ -123,6 +124,7 @@ def trainer_run(
         "deepspeed": deepspeed.__version__,
         "engine": type(engine).__name__,
         "is_engine": isinstance(engine, deepspeed.DeepSpeedEngine),
+        "born_partitioned": born_partitioned,
         "torch_threads": torch.get_num_threads(),
     }
     return result
@@ -168,3 +170,38 @@ def accelerate_run(stage: int, steps: int = 6) -> dict[str, Any]:
     digest = float(sum(v.double().sum() for v in state.values())) if state else None
     accelerator.end_training()
     return {"losses": losses, "state_keys": len(names), "state_digest": digest, "engine": type(model).__name__}
+
+
+def trainer_resume_job(stage: int, root: str, build_in_zero_init: bool = False) -> dict[str, Any]:
+    """Train 10 steps saving ``checkpoint-5``, then, in a fresh Trainer, model and engine in the same
+    processes, resume from a copy of ``checkpoint-5`` alone and train to step 10. Returns both runs' results."""
+    import shutil
+
+    from accelerate.state import AcceleratorState, PartialState
+
+    full_dir, resume_dir = os.path.join(root, "full"), os.path.join(root, "resume")
+    full = trainer_run(stage, full_dir, build_in_zero_init=build_in_zero_init)
+    import torch.distributed as dist
+
+    dist.barrier()
+    if int(os.environ["RANK"]) == 0:
+        shutil.copytree(os.path.join(full_dir, "checkpoint-5"), os.path.join(resume_dir, "checkpoint-5"))
+    dist.barrier()
+    # a new Trainer builds a new Accelerator; the process-wide state keeps the process group
+    AcceleratorState._reset_state(reset_partial_state=False)
+    PartialState(cpu=True)
+    resumed = trainer_run(
+        stage, resume_dir, resume=os.path.join(resume_dir, "checkpoint-5"), build_in_zero_init=build_in_zero_init
+    )
+    return {"full": full, "resumed": resumed}
+
+
+def accelerate_stages_job(stages: tuple[int, ...] = (2, 3)) -> dict[int, dict[str, Any]]:
+    """:func:`accelerate_run` at each stage in turn, in the same processes (one process group)."""
+    from accelerate.state import AcceleratorState
+
+    out = {}
+    for stage in stages:
+        out[stage] = accelerate_run(stage)
+        AcceleratorState._reset_state(reset_partial_state=False)
+    return out

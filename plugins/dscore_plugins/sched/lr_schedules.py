@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dscore.errors import ConfigError
+from dscore.errors import ConfigError, DscoreError
 
 if TYPE_CHECKING:
     from dscore.protocols import SchedulerContext
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LRSchedulerBase",
+    "SchedulerNotSteppedError",
     "WarmupLR",
     "WarmupDecayLR",
     "WarmupCosineLR",
@@ -119,6 +120,10 @@ def _warmup_fraction(t: int, warmup_steps: int, warmup_type: str) -> float:
     return t / warmup_steps
 
 
+
+class SchedulerNotSteppedError(DscoreError, RuntimeError, AssertionError):
+    """``get_last_lr()`` before any learning rate was written (DeepSpeed asserts "need to call step() first")."""
+
 class LRSchedulerBase:
     """Shared step/state plumbing. Subclasses implement :meth:`get_lr` for the current ``t``.
 
@@ -139,10 +144,12 @@ class LRSchedulerBase:
         """The lrs written by the last ``step`` (or the constructor).
 
         Raises:
-            RuntimeError: nothing was written yet (constructed with ``last_batch_iteration != -1`` and not stepped).
+            SchedulerNotSteppedError: nothing was written yet (constructed with ``last_batch_iteration != -1``
+                and not stepped); a RuntimeError and, as DeepSpeed's assert, an AssertionError (Hugging Face
+                Trainer catches that one, reading "need to call step").
         """
         if self._last_lr is None:
-            raise RuntimeError("get_last_lr() needs step() to have been called first")
+            raise SchedulerNotSteppedError("get_last_lr(): need to call step() first (no learning rate written yet)")
         return list(self._last_lr)
 
     def step(self, last_batch_iteration: int | None = None) -> None:

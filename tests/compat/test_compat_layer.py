@@ -1,0 +1,188 @@
+"""The ``deepspeed`` compatibility distribution (compat/deepspeed): detection, symbols, edge conversions.
+
+In-process, one rank. The multi-rank runs of the real Trainer / Accelerate are in test_hf_trainer.py.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import logging
+import math
+
+import pytest
+import torch
+
+import dscore
+from dscore.config.client_values import convert_client_values
+from dscore.errors import ConfigError
+
+deepspeed = pytest.importorskip("deepspeed", reason="compat/deepspeed is installed by `make setup`")
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+
+def _config(**extra: object) -> dict:
+    cfg: dict = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def test_detected_as_deepspeed_with_its_version_and_a_dscore_tag() -> None:
+    from packaging.version import Version
+
+    assert getattr(deepspeed, "__dscore__", False) is True
+    assert importlib.util.find_spec("deepspeed") is not None
+    meta = importlib.metadata.metadata("deepspeed")
+    assert meta["Name"] == "deepspeed"
+    version = Version(importlib.metadata.version("deepspeed"))
+    assert version.public == "0.19.8" and version.local is not None and version.local.startswith("dscore")
+    assert deepspeed.__version__ == str(version)
+    # what the integrations check before they touch deepspeed
+    from accelerate.utils import compare_versions, is_deepspeed_available
+    from transformers.integrations.deepspeed import is_deepspeed_available as hf_available
+
+    assert hf_available() and is_deepspeed_available()
+    for gate in ("0.9.3", "0.14", "0.16.4", "0.18.2"):
+        assert compare_versions("deepspeed", ">=", gate)
+    from dscore.env_report import collect_report, deepspeed_compat, format_report
+
+    status = deepspeed_compat()
+    assert status["active"] and status["version"] == str(version)
+    assert "deepspeed (compat) .......... active" in format_report(
+        {**{k: {"value": None, "error": "skipped"} for k in ("dscore", "python", "torch", "cxx", "ninja", "nvcc",
+                                                              "cpu_simd", "shm", "swap", "accelerator", "ops")},
+         "deepspeed_compat": {"value": status}}
+    )
+    assert "deepspeed_compat" in collect_report.__doc__
+
+
+def test_every_symbol_the_integrations_import_is_there() -> None:
+    import deepspeed.checkpointing
+    from deepspeed import comm, zero
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
+    from deepspeed.launcher.runner import DEEPSPEED_ENVIRONMENT_NAME
+    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    from deepspeed.ops.lion import DeepSpeedCPULion
+    from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
+    from deepspeed.runtime.engine import DeepSpeedEngine
+    from deepspeed.runtime.lr_schedules import VALID_LR_SCHEDULES
+    from deepspeed.runtime.zero import partition_parameters as pp
+    from deepspeed.utils import logger
+    from deepspeed.utils.logging import logger as logger2
+    from deepspeed.utils.zero_to_fp32 import (
+        get_fp32_state_dict_from_zero_checkpoint,
+        get_model_state_file,
+        get_optim_files,
+    )
+
+    from dscore.runtime.engine import DscoreEngine
+
+    assert deepspeed.DeepSpeedEngine is DeepSpeedEngine is DscoreEngine
+    assert deepspeed.init_distributed is comm.init_distributed
+    assert zero.GatheredParameters is dscore.zero.GatheredParameters and issubclass(zero.Init, dscore.zero.Init)
+    assert set(VALID_LR_SCHEDULES) == {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"}
+    assert {DeepSpeedCPUAdam.__name__, DeepSpeedCPUAdagrad.__name__, DeepSpeedCPULion.__name__} == {
+        "DscoreCPUAdam", "DscoreCPUAdagrad", "DscoreCPULion"}
+    assert issubclass(DeepSpeedCPUAdam, DeepSpeedOptimizer)
+    assert pp._orig_torch_arange is torch.arange and pp.ZeroParamStatus is dscore.zero.ZeroParamStatus
+    assert callable(pp.zero_wrapper_for_fp_tensor_constructor) and pp.get_accelerator is get_accelerator
+    assert get_accelerator().device_name(0) == "cpu" and get_accelerator().communication_backend_name() == "gloo"
+    assert logger is logger2 and DEEPSPEED_ENVIRONMENT_NAME == ".deepspeed_env"
+    assert callable(deepspeed.checkpointing.checkpoint) and callable(deepspeed.checkpointing.configure)
+    assert callable(get_fp32_state_dict_from_zero_checkpoint) and callable(get_model_state_file)
+    assert callable(get_optim_files) and callable(deepspeed.initialize)
+    big = torch.arange(10.0)
+    view = big[2:4]
+    saved = clone_tensors_for_torch_save({"a": [view], "b": 3})
+    assert saved["b"] == 3 and saved["a"][0].untyped_storage().nbytes() == 2 * 4
+    with pytest.raises(AttributeError, match="compatibility layer.* has no attribute .tp_model_init"):
+        deepspeed.tp_model_init  # noqa: B018
+
+
+def test_console_scripts_are_declared() -> None:
+    eps = {ep.name: ep.value for ep in importlib.metadata.distribution("deepspeed").entry_points
+           if ep.group == "console_scripts"}
+    assert eps == {"deepspeed": "deepspeed.launcher.runner:main", "ds_report": "deepspeed.env_report:cli_main"}
+
+
+def test_convert_client_values() -> None:
+    data = {"steps_per_print": math.inf, "zero_optimization": {"stage": 2},
+            "zero_optimization.reduce_bucket_size": 10, "train_batch_size": 8}
+    out, warnings = convert_client_values(data)
+    assert out == {"zero_optimization": {"stage": 2}, "train_batch_size": 8}
+    assert data["steps_per_print"] == math.inf  # not mutated
+    assert len(warnings) == 2 and "zero_optimization: {'reduce_bucket_size': ...}" in warnings[1]
+    assert convert_client_values({"steps_per_print": "Infinity"})[0] == {}
+    for kept in (-1, 0, 2.5, "10", -math.inf, True):  # left for the strict validation to judge
+        assert convert_client_values({"steps_per_print": kept}) == ({"steps_per_print": kept}, [])
+
+
+def test_accelerate_and_trl_values_accepted_through_compat_only(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = _config(steps_per_print=float("inf"), **{"zero_optimization.reduce_bucket_size": 100})
+    for bad, key in ((_config(steps_per_print=float("inf")), "steps_per_print"),
+                     (_config(**{"zero_optimization.reduce_bucket_size": 100}), "zero_optimization.reduce_bucket_size")):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            dscore.initialize(model=_model(), config=bad)  # dscore's own strictness is unchanged
+    with caplog.at_level(logging.WARNING, logger="dscore.compat"):
+        engine, optimizer, _, _ = deepspeed.initialize(model=_model(), config_params=cfg)
+    messages = [r.getMessage() for r in caplog.records if r.name == "dscore.compat"]
+    assert any("steps_per_print: inf" in m for m in messages)
+    assert any("'zero_optimization.reduce_bucket_size'" in m for m in messages)
+    assert engine.steps_per_print() is None
+    assert isinstance(engine, deepspeed.DeepSpeedEngine)
+    # engine.config reads as the dict that was passed (Trainer: engine.config.get("zero_optimization", {}))
+    assert engine.config.get("optimizer") == cfg["optimizer"] and engine.config.get("missing", 7) == 7
+    loss = engine(torch.ones(2, 4)).sum()
+    engine.backward(loss, scale_wrt_gas=False)
+    engine.set_gradient_accumulation_boundary(True)
+    engine.step()
+    assert engine.global_steps == 1 and engine.get_global_grad_norm() is not None
+    engine.close()
+
+
+def test_warmup_lr_before_a_step_raises_the_assertion_trainer_catches() -> None:
+    engine, _, _, sched = deepspeed.initialize(
+        model=_model(),
+        config=_config(scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 4, "last_batch_iteration": 2}}),
+    )
+    with pytest.raises(AssertionError, match="need to call step"):
+        sched.get_last_lr()
+    with pytest.raises(RuntimeError):  # dscore's own contract stays a RuntimeError too
+        sched.get_last_lr()
+    engine.close()
+
+
+def test_unsupported_arguments_are_refused_by_name() -> None:
+    from dscore.runtime.initialize import InitializeError
+
+    with pytest.raises(InitializeError, match="mesh_param"):
+        deepspeed.initialize(model=_model(), config=_config(), mesh_param=(1, 2))
+    with pytest.raises(ConfigError, match="remote_device=\"nvme\""):
+        deepspeed.zero.Init(remote_device="nvme", enabled=False)
+    with pytest.raises(ConfigError, match="mpu"):
+        deepspeed.zero.Init(mpu=object(), enabled=False)
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    with pytest.raises(dscore.errors.CheckpointError, match="lazy_mode"):
+        get_fp32_state_dict_from_zero_checkpoint("/nonexistent", lazy_mode=True)
+
+
+def test_zero_init_takes_its_dtype_from_the_config() -> None:
+    from dscore.zero.init import Init
+
+    assert Init(config_dict_or_path={"bf16": {"enabled": True}}, enabled=True).dtype == torch.bfloat16
+    assert Init(config_dict_or_path={"fp16": {"enabled": True}}).dtype == torch.float16
+    assert Init(config_dict_or_path={"train_batch_size": 2}).dtype == torch.float32
+    assert Init().dtype is None  # without a config: each module's own dtype
+    with pytest.raises(ConfigError, match="both true"):
+        Init(config_dict_or_path={"bf16": {"enabled": True}, "fp16": {"enabled": True}})

@@ -1,0 +1,63 @@
+"""The unchanged Hugging Face Trainer and Accelerate loop run on dscore through ``import deepspeed``.
+
+2 gloo ranks on CPU (``TrainingArguments(use_cpu=True)``; Accelerate creates the process group itself), a
+tiny GPT-2 built from a config, fp32. The jobs are in hf_jobs.py (shared with bench/compat_vs_deepspeed.py,
+which runs them on DeepSpeed 0.19.8 for the per-step loss comparison).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("deepspeed", reason="compat/deepspeed is installed by `make setup`")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+import hf_jobs  # noqa: E402  (tests/compat is on sys.path: pytest's prepend import mode)
+
+from dscore.testing import run_distributed  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("stage", "build_in_zero_init"),
+    [(2, False), (3, True)],
+    ids=["zero2", "zero3-born-partitioned"],
+)
+def test_trainer_trains_saves_and_resumes_bit_for_bit(stage: int, build_in_zero_init: bool, tmp_path) -> None:
+    """10 steps with a checkpoint at step 5; a new Trainer resumed from checkpoint-5 alone reproduces the
+    losses and gradient norms of steps 6-10 exactly (weights, Adam moments, LR scheduler, RNG and data
+    position all restored). At ZeRO-3 the model is built by ``from_config`` inside ``deepspeed.zero.Init``."""
+    results = run_distributed(
+        hf_jobs.trainer_resume_job, 2, stage, str(tmp_path), build_in_zero_init, timeout=600,
+        init_process_group=False,
+    )
+    full, resumed = results[0]["full"], results[0]["resumed"]
+    assert full["deepspeed"].startswith("0.19.8+dscore") and full["is_engine"] and full["engine"] == "DscoreEngine"
+    assert full["born_partitioned"] is build_in_zero_init
+    assert full["checkpoints"] == ["checkpoint-10", "checkpoint-5"]
+    assert sorted(full["losses"]) == list(range(1, 11))
+    losses = [full["losses"][s] for s in range(1, 11)]
+    assert all(3.5 < x < 5.0 for x in losses) and losses[-1] < losses[0]  # it trains
+    for step in range(6, 11):
+        assert resumed["losses"][step] == full["losses"][step], step
+        assert resumed["grad_norms"][step] == full["grad_norms"][step], step
+    # both ranks logged the same (the Trainer reduces the loss over ranks)
+    assert results[1]["full"]["losses"] == full["losses"]
+
+
+def test_accelerate_loop_at_zero2_and_zero3_gives_the_same_training() -> None:
+    """Accelerate's own loop (``PartialState(cpu=True)``, ``Accelerator(deepspeed_plugin=...)``, prepare,
+    ``accelerator.backward``, ``optimizer.step``): ZeRO-2 and ZeRO-3 give the same per-step losses (fp32, 1
+    micro-batch per step) and ``accelerator.get_state_dict`` gathers the full ZeRO-3 model on rank 0 only."""
+    results = run_distributed(hf_jobs.accelerate_stages_job, 2, (2, 3), timeout=600, init_process_group=False)
+    by_stage = {stage: [results[0][stage], results[1][stage]] for stage in (2, 3)}
+    for rank in (0, 1):
+        z2, z3 = by_stage[2][rank], by_stage[3][rank]
+        assert z2["engine"] == z3["engine"] == "DscoreEngine"
+        assert len(z2["losses"]) == 6
+        assert z2["losses"] == pytest.approx(z3["losses"], abs=1e-5)
+    assert by_stage[2][0]["losses"] != by_stage[2][1]["losses"]  # each rank saw its own shard of the data
+    assert by_stage[3][0]["state_keys"] == by_stage[2][0]["state_keys"] > 0 and by_stage[3][1]["state_keys"] == 0
+    assert by_stage[3][0]["state_digest"] == pytest.approx(by_stage[2][0]["state_digest"], abs=1e-4)
