@@ -186,6 +186,7 @@ def save_checkpoint(
     client_state: dict[str, Any] | None = None,
     save_latest: bool = True,
     exclude_frozen_parameters: bool = False,
+    layout: str = "dscore",
 ) -> bool:
     """Save everything ``engine`` owns plus ``client_state`` under ``<save_dir>/<tag>`` (collective).
 
@@ -203,6 +204,10 @@ def save_checkpoint(
             state (DeepSpeed's keyword, used by LoRA runs); their names are recorded so that
             :func:`load_checkpoint` accepts exactly those keys missing (the model being loaded into must
             already hold them).
+        layout: ``"dscore"`` (the pickle-free format above) or ``"deepspeed"``: DeepSpeed 0.19.8's files
+            (:mod:`dscore.checkpoint.deepspeed.writer`; ZeRO stages 1-3, fp32/bf16), written with the same
+            atomic protocol and read back by :func:`load_checkpoint` through the safe DeepSpeed reader. RNG
+            states and the data-loader position are not part of that layout (as in DeepSpeed).
 
     Returns:
         True.
@@ -229,6 +234,13 @@ def save_checkpoint(
         client = {} if client_state is None else client_state
         if not isinstance(client, dict):
             raise CheckpointError(f"client_state must be a dict (or None), got {type(client).__name__}")
+        if layout not in ("dscore", "deepspeed"):
+            raise CheckpointError(f"checkpoint layout must be 'dscore' or 'deepspeed', got {layout!r}")
+        if layout == "deepspeed":
+            from dscore.checkpoint.deepspeed.writer import check_supported
+
+            check_supported(view.zero_stage, bool(getattr(view.config, "fp16_enabled", False)),
+                            getattr(view.zero, "optimizer", None) is not None)
         tensors: dict[str, torch.Tensor] = {}
         tree = encode(client, root="client_state", tensor_prefix="client/", tensors=tensors)
         return {"mode": mode, "tag": tag_text, "client": (tree, tensors)}
@@ -257,7 +269,33 @@ def save_checkpoint(
         module_sd = type(module_sd)((k, v) for k, v in module_sd.items() if k not in set(excluded))
     optim_sd = view.zero.state_dict()
 
+    def write_deepspeed() -> dict[str, int]:
+        from dscore.checkpoint.deepspeed.writer import deepspeed_files
+
+        sched = getattr(engine, "lr_scheduler", None)
+        raw = getattr(view.config, "raw", None)
+        files = deepspeed_files(
+            module=engine.module,
+            module_sd=module_sd,
+            optim_sd=optim_sd,
+            stage=view.zero_stage,
+            rank=rank,
+            world=world,
+            counters={k: int(getattr(engine, k, 0)) for k in ("global_steps", "global_samples", "skipped_steps")},
+            lr_scheduler_state=sched.state_dict() if sched is not None else None,
+            ds_config=dict(raw) if isinstance(raw, dict) else {},
+            client_state=dict(client_state or {}),
+        )
+        written: dict[str, int] = {}
+        for name, obj in files.items():
+            path = os.path.join(tmp_dir, name)
+            L.atomic_write(path, lambda tmp, obj=obj: torch.save(obj, tmp), fsync=durable)
+            written[name] = os.path.getsize(path)
+        return written
+
     def write() -> dict[str, int]:
+        if layout == "deepspeed":
+            return write_deepspeed()
         written: dict[str, int] = {}
         if rank == 0:
             written[L.MODEL_FILE] = write_tensor_file(
@@ -323,7 +361,7 @@ def save_checkpoint(
 
     # Phase 4 - rank 0 seals the directory, publishes it under its tag, then moves `latest`.
     def publish() -> None:
-        fields = {"zero_stage": view.zero_stage, "global_steps": int(engine.global_steps)}
+        fields = {"zero_stage": view.zero_stage, "global_steps": int(engine.global_steps), "layout": layout}
         L.publish(save_dir, tag_text, tmp_dir, manifests, [i["host"] for i in infos], fields, save_latest=save_latest)
 
     err = _local_error(publish)[1] if rank == 0 else None

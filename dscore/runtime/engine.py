@@ -137,6 +137,10 @@ class DscoreEngine(torch.nn.Module):
         self._step_applied = False
         self._global_grad_norm: float | torch.Tensor | None = None
         self._backwards_since_step = 0
+        #: ``"dscore"`` (default: pickle-free, world-size independent) or ``"deepspeed"`` (DeepSpeed 0.19.8's
+        #: files, for tools that read them; set by the ``deepspeed`` compatibility distribution). See
+        #: :func:`dscore.checkpoint.save_checkpoint`; loads read either.
+        self.checkpoint_layout = "dscore"
 
         self._steps_per_print = config.steps_per_print or 0
         fp16 = config.section("fp16", None)
@@ -870,7 +874,8 @@ class DscoreEngine(torch.nn.Module):
 
         ``exclude_frozen_parameters=True`` leaves parameters with ``requires_grad=False`` out of the module
         state (DeepSpeed's meaning; a later load into a model that already holds them restores the rest).
-        Warns when gradients of an incomplete accumulation window are pending (they are not saved).
+        Warns when gradients of an incomplete accumulation window are pending (they are not saved). The
+        files follow :attr:`checkpoint_layout`.
         """
         from dscore import checkpoint
 
@@ -882,6 +887,7 @@ class DscoreEngine(torch.nn.Module):
             client_state=client_state if client_state is not None else {},
             save_latest=save_latest,
             exclude_frozen_parameters=exclude_frozen_parameters,
+            layout=self.checkpoint_layout,
         )
 
     def load_checkpoint(

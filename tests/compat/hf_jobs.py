@@ -193,7 +193,26 @@ def trainer_resume_job(stage: int, root: str, build_in_zero_init: bool = False) 
     resumed = trainer_run(
         stage, resume_dir, resume=os.path.join(resume_dir, "checkpoint-5"), build_in_zero_init=build_in_zero_init
     )
-    return {"full": full, "resumed": resumed}
+    tag_dir = os.path.join(full_dir, "checkpoint-5", "global_step5")
+    files = sorted(os.listdir(tag_dir)) if os.path.isdir(tag_dir) else []
+    return {"full": full, "resumed": resumed, "files": files,
+            "fp32_vs_saved_model": fp32_vs_saved_model(os.path.join(full_dir, "checkpoint-5"))}
+
+
+def fp32_vs_saved_model(checkpoint: str) -> dict[str, Any]:
+    """``deepspeed.utils.zero_to_fp32`` on a Trainer checkpoint folder against the weights the Trainer saved
+    next to it (``model.safetensors``): the key sets and the largest absolute difference."""
+    from safetensors.torch import load_file
+
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    fp32 = get_fp32_state_dict_from_zero_checkpoint(checkpoint)
+    saved = load_file(os.path.join(checkpoint, "model.safetensors"))
+    return {
+        "missing": sorted(set(saved) - set(fp32)),
+        "extra": sorted(set(fp32) - set(saved)),
+        "max_abs_diff": max(float((fp32[k].float() - saved[k].float()).abs().max()) for k in saved if k in fp32),
+    }
 
 
 def accelerate_stages_job(stages: tuple[int, ...] = (2, 3)) -> dict[int, dict[str, Any]]:

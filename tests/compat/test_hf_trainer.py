@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 def test_trainer_trains_saves_and_resumes_bit_for_bit(stage: int, build_in_zero_init: bool, tmp_path) -> None:
     """10 steps with a checkpoint at step 5; a new Trainer resumed from checkpoint-5 alone reproduces the
     losses and gradient norms of steps 6-10 exactly (weights, Adam moments, LR scheduler, RNG and data
-    position all restored). At ZeRO-3 the model is built by ``from_config`` inside ``deepspeed.zero.Init``."""
+    position all restored). At ZeRO-3 the model is built by ``from_config`` inside ``deepspeed.zero.Init``.
+    The checkpoint is in DeepSpeed's layout and ``zero_to_fp32`` gives the Trainer's saved weights."""
     results = run_distributed(
         hf_jobs.trainer_resume_job, 2, stage, str(tmp_path), build_in_zero_init, timeout=600,
         init_process_group=False,
@@ -45,6 +46,14 @@ def test_trainer_trains_saves_and_resumes_bit_for_bit(stage: int, build_in_zero_
         assert resumed["grad_norms"][step] == full["grad_norms"][step], step
     # both ranks logged the same (the Trainer reduces the loss over ranks)
     assert results[1]["full"]["losses"] == full["losses"]
+    # the engine saved DeepSpeed 0.19.8's layout (through compat), and it reads back as the Trainer's weights
+    model_files = (["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"]
+                   if stage == 3 else ["mp_rank_00_model_states.pt"])
+    assert results[0]["files"] == sorted(["_COMPLETE", *model_files, "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                                          "zero_pp_rank_1_mp_rank_00_optim_states.pt"])
+    check = results[0]["fp32_vs_saved_model"]
+    assert check["missing"] == [] and check["max_abs_diff"] == 0.0
+    assert check["extra"] == (["lm_head.weight"] if stage == 3 else [])  # the tied alias (shared_params)
 
 
 def test_accelerate_loop_at_zero2_and_zero3_gives_the_same_training() -> None:

@@ -60,7 +60,8 @@ def initialize(
     ``deepspeed.DeepSpeedEngine`` here). The config (``config``, ``config_params`` or
     ``args.deepspeed_config``) first goes through :func:`read_client_config`: ``steps_per_print: inf`` and
     top-level dotted keys get DeepSpeed's meaning with a warning; everything else is validated as strictly
-    as ``dscore.initialize`` does.
+    as ``dscore.initialize`` does. The engine saves checkpoints in DeepSpeed 0.19.8's layout
+    (``engine.checkpoint_layout = "deepspeed"``, see :mod:`dscore.checkpoint.deepspeed.writer`).
 
     Raises:
         dscore.runtime.initialize.InitializeError: ``mesh_param`` (a tensor/sequence-parallel device mesh) or ``mpu``
@@ -96,4 +97,6 @@ def initialize(
     )
     if plain_args is not args and getattr(plain_args, "local_rank", None) is not None:
         args.local_rank = plain_args.local_rank
+    # tools written for DeepSpeed (zero_to_fp32, Lightning's converter) read its files: save in its layout
+    result[0].checkpoint_layout = "deepspeed"
     return result

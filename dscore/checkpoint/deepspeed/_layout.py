@@ -136,7 +136,12 @@ def is_deepspeed_checkpoint(save_dir: str, tag: str | None = None) -> bool:
             continue
         path = os.path.join(save_dir, name)
         if os.path.exists(os.path.join(path, "_COMPLETE")):
-            return False
+            # dscore's manifest; a save in DeepSpeed's layout (dscore.checkpoint.deepspeed.writer) says so in it
+            try:
+                with open(os.path.join(path, "_COMPLETE"), encoding="utf-8") as f:
+                    return json.load(f).get("layout") == "deepspeed"
+            except (OSError, ValueError, AttributeError):
+                return False
         if looks_like_deepspeed_tag_dir(path) or os.path.isdir(os.path.join(path, "zero")):
             return True
         if tag is not None:
@@ -642,6 +647,8 @@ class DeepSpeedCheckpoint:
                 if not isinstance(part, torch.Tensor):
                     raise _bad(fpath, f"single_partition_of_fp32_groups[{g}] is not a tensor")
                 for n, frag in mapping.items():
+                    if isinstance(frag, dict) and set(frag) == {"start", "numel"}:  # dscore's writer: plain dicts
+                        frag = DSFragment.of(int(frag["start"]), int(frag["numel"]))
                     if not isinstance(frag, DSFragment):
                         raise _bad(fpath, f"param_slice_mappings[{g}][{n!r}] is a {type(frag).__name__}")
                     if n not in by_name:

@@ -81,6 +81,13 @@ class DSFragment:
     start: int
     numel: int
 
+    @classmethod
+    def of(cls, start: int, numel: int) -> DSFragment:
+        """A fragment from plain values (the ``{"start", "numel"}`` dicts dscore's writer stores)."""
+        frag = cls.__new__(cls)
+        frag.__setstate__({"start": start, "numel": numel})
+        return frag
+
     def __setstate__(self, state: object) -> None:
         plain = _plain_state(self, state, "DeepSpeed fragment_address")
         if set(plain) != {"start", "numel"} or not all(type(v) is int and v >= 0 for v in plain.values()):

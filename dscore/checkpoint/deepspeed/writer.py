@@ -1,0 +1,263 @@
+"""Writing DeepSpeed 0.19.8's checkpoint layout, for tools that read DeepSpeed's files directly.
+
+``engine.save_checkpoint(...)`` with ``engine.checkpoint_layout = "deepspeed"`` (what the ``deepspeed``
+compatibility distribution sets) writes, inside the same atomic save protocol as dscore's own format
+(temporary folder, every phase agreed across ranks, one rename, ``latest`` last)::
+
+    <save_dir>/latest                                         the tag
+    <save_dir>/<tag>/mp_rank_00_model_states.pt               ZeRO 1/2 (rank 0)
+    <save_dir>/<tag>/zero_pp_rank_<r>_mp_rank_00_model_states.pt   ZeRO 3 (every rank)
+    <save_dir>/<tag>/zero_pp_rank_<r>_mp_rank_00_optim_states.pt   every rank
+    <save_dir>/<tag>/_COMPLETE                                dscore's manifest ("layout": "deepspeed")
+
+with DeepSpeed's keys and partitioning (``deepspeed/runtime/engine.py`` ``_save_checkpoint`` /
+``_save_zero_checkpoint``, ``deepspeed/utils/zero_to_fp32.py``): the model-states file holds ``module``,
+``buffer_names``, ``param_shapes`` (one ordered name -> shape map per parameter group), ``shared_params``,
+``frozen_param_shapes`` / ``frozen_param_fragments``, ``lr_scheduler``, the counters, ``dp_world_size``,
+``ds_config``, ``ds_version`` and the client state's keys. ZeRO 1/2 optimizer files hold
+``single_partition_of_fp32_groups`` (each group's parameters flattened in order, padded to a multiple of
+``2 * world_size``, cut into ``world_size`` equal partitions), the base optimizer's state over the same
+partition, ``partition_count``, ``group_paddings`` and ``param_slice_mappings``; ZeRO-3 files hold
+``fp32_flat_groups`` (per parameter ``ceil(numel / world_size)`` elements, rank ``r``'s slice, in
+``param_shapes`` order). So DeepSpeed's ``zero_to_fp32.py`` and Lightning's converter read them, and
+dscore reads them back with its safe loader (:mod:`dscore.checkpoint.deepspeed`).
+
+Written without DeepSpeed classes: no loss-scaler object (the layout is written for fp32 and bf16 runs;
+fp16 is refused), ``param_slice_mappings`` entries are ``{"start", "numel"}`` dicts instead of DeepSpeed's
+``fragment_address`` objects (only DeepSpeed's universal-checkpoint conversion reads them). Stage 0 is
+refused (DeepSpeed pickles the optimizer object's state there).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from dscore.errors import CheckpointError
+
+__all__ = ["DEEPSPEED_VERSION", "check_supported", "deepspeed_files", "model_file_name", "optim_file_name"]
+
+DEEPSPEED_VERSION = "0.19.8"
+
+
+def model_file_name(stage: int, rank: int) -> str:
+    """``mp_rank_00_model_states.pt`` (stages 1-2) or ``zero_pp_rank_<rank>_mp_rank_00_model_states.pt`` (3)."""
+    return f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
+
+
+def optim_file_name(rank: int) -> str:
+    """``zero_pp_rank_<rank>_mp_rank_00_optim_states.pt``."""
+    return f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def check_supported(stage: int, fp16: bool, has_optimizer: bool) -> None:
+    """Refuse what this writer does not produce.
+
+    Raises:
+        CheckpointError: ZeRO stage 0, fp16 (DeepSpeed stores a loss-scaler object), or no optimizer.
+    """
+    if stage == 0:
+        raise CheckpointError(
+            "saving in DeepSpeed's checkpoint layout is not supported at ZeRO stage 0 (DeepSpeed pickles the "
+            "optimizer there); use ZeRO stage 1-3, or engine.checkpoint_layout = 'dscore'"
+        )
+    if fp16:
+        raise CheckpointError(
+            "saving in DeepSpeed's checkpoint layout is not supported with fp16 (DeepSpeed stores its loss-scaler "
+            "object); use bf16 or fp32, or engine.checkpoint_layout = 'dscore'"
+        )
+    if not has_optimizer:
+        raise CheckpointError(
+            "saving in DeepSpeed's checkpoint layout needs an optimizer (the layout is built from its partitions); "
+            "use engine.checkpoint_layout = 'dscore' for an optimizer-less engine"
+        )
+
+
+def _flat(tensors: list[torch.Tensor], total: int) -> torch.Tensor:
+    out = torch.zeros(total, dtype=tensors[0].dtype if tensors else torch.float32, device="cpu")
+    off = 0
+    for t in tensors:
+        n = t.numel()
+        out[off : off + n].copy_(t.reshape(-1))
+        off += n
+    return out
+
+
+def _shared_params(module: torch.nn.Module) -> dict[str, str]:
+    """alias name -> the first name of the same parameter (tied weights), as DeepSpeed records them."""
+    first: dict[int, str] = {}
+    shared: dict[str, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            shared[name] = first[id(p)]
+        else:
+            first[id(p)] = name
+    return shared
+
+
+def deepspeed_files(
+    *,
+    module: torch.nn.Module,
+    module_sd: dict[str, torch.Tensor],
+    optim_sd: dict[str, Any],
+    stage: int,
+    rank: int,
+    world: int,
+    counters: dict[str, int],
+    lr_scheduler_state: Any,
+    ds_config: dict[str, Any],
+    client_state: dict[str, Any],
+) -> dict[str, dict[str, Any]]:
+    """The objects this rank writes (file name -> object for ``torch.save``).
+
+    Args:
+        module: the engine's module (names of parameters, buffers, tied and frozen parameters).
+        module_sd: the full module state dict (``ZeroStage.module_state_dict()``, collective).
+        optim_sd: the full optimizer state (``ZeroStage.state_dict()``: ``param_groups`` with
+            ``param_names``, ``state`` and ``fp32_params`` by name).
+        stage: ZeRO stage 1, 2 or 3; rank / world: this rank and the data-parallel world size.
+        counters: ``global_steps``, ``global_samples``, ``skipped_steps``.
+        lr_scheduler_state: the engine's scheduler state dict or None.
+        ds_config: the config as given (stored for inspection, as DeepSpeed does).
+        client_state: the user's keys, merged into the model-states dict (DeepSpeed's behaviour).
+
+    Raises:
+        CheckpointError: a parameter of a group has no fp32 master in ``optim_sd``.
+    """
+    fp32: dict[str, torch.Tensor] = optim_sd.get("fp32_params") or {}
+    state: dict[str, dict[str, Any]] = optim_sd.get("state") or {}
+    groups: list[dict[str, Any]] = optim_sd.get("param_groups") or []
+    names_by_group = [list(g.get("param_names") or []) for g in groups]
+    missing = [n for names in names_by_group for n in names if n not in fp32]
+    if missing:
+        raise CheckpointError(f"no fp32 master weights for {missing[:4]} in the optimizer state; cannot write the layout")
+    shapes = [OrderedDict((n, torch.Size(fp32[n].shape)) for n in names) for names in names_by_group]
+    trainable = {n for names in names_by_group for n in names}
+    shared = _shared_params(module)
+    frozen = [n for n, p in module.named_parameters() if not p.requires_grad and n not in trainable]
+    buffer_names = [n for n, _ in module.named_buffers() if n in module_sd]
+    hypers = [{k: v for k, v in g.items() if k != "param_names"} for g in groups]
+
+    base_state: dict[int, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}
+    if stage in (1, 2):
+        align = 2 * world
+        parts, mappings, paddings = [], [], []
+        for g, names in enumerate(names_by_group):
+            total = sum(fp32[n].numel() for n in names)
+            padded = max(align, math.ceil(total / align) * align)
+            per = padded // world
+            lo, hi = rank * per, (rank + 1) * per
+            parts.append(_flat([fp32[n].float() for n in names], padded)[lo:hi].clone())
+            slot: dict[str, Any] = {}
+            keys = {k for n in names for k, v in state.get(n, {}).items() if torch.is_tensor(v) and v.dim() > 0}
+            for k in sorted(keys):
+                slot[k] = _flat([state[n][k] for n in names], padded)[lo:hi].clone()
+            for n in names:  # scalar entries (Adam's step) are per group in DeepSpeed's flat optimizer
+                for k, v in state.get(n, {}).items():
+                    if k not in keys:
+                        slot.setdefault(k, v.clone() if torch.is_tensor(v) else v)
+            base_state[g] = slot
+            mapping: OrderedDict[str, dict[str, int]] = OrderedDict()
+            off = 0
+            for n in names:
+                numel = fp32[n].numel()
+                start, end = max(off, lo), min(off + numel, hi)
+                if start < end:
+                    mapping[n] = {"start": start - lo, "numel": end - start}
+                off += numel
+            mappings.append(mapping)
+            paddings.append(padded - total if rank == world - 1 else 0)
+        osd: dict[str, Any] = {
+            "loss_scaler": None,
+            "dynamic_loss_scale": False,
+            "overflow": False,
+            "clip_grad": None,
+            "base_optimizer_state": {
+                "state": base_state,
+                "param_groups": [dict(h, params=[g]) for g, h in enumerate(hypers)],
+            },
+            "single_partition_of_fp32_groups": parts,
+            "zero_stage": stage,
+            "group_paddings": paddings,
+            "partition_count": [world] * len(groups),
+            "ds_version": DEEPSPEED_VERSION,
+            "param_slice_mappings": mappings,
+        }
+    else:
+        flats = []
+        for g, names in enumerate(names_by_group):
+            pers = [math.ceil(fp32[n].numel() / world) for n in names]
+
+            def own(t: torch.Tensor, per: int) -> torch.Tensor:
+                full = torch.zeros(per * world, dtype=t.dtype, device="cpu")
+                full[: t.numel()].copy_(t.reshape(-1))
+                return full[rank * per : (rank + 1) * per]
+
+            flats.append(torch.cat([own(fp32[n].float(), per) for n, per in zip(names, pers)]) if names else
+                         torch.zeros(0, dtype=torch.float32))
+            keys = {k for n in names for k, v in state.get(n, {}).items() if torch.is_tensor(v) and v.dim() > 0}
+            slot = {k: torch.cat([own(state[n][k], per) for n, per in zip(names, pers)]) for k in sorted(keys)}
+            for n in names:
+                for k, v in state.get(n, {}).items():
+                    if k not in keys:
+                        slot.setdefault(k, v.clone() if torch.is_tensor(v) else v)
+            base_state[g] = slot
+        osd = {
+            "zero_stage": 3,
+            "loss_scaler": None,
+            "dynamic_loss_scale": False,
+            "overflow": False,
+            "partition_count": world,
+            "optimizer_state_dict": {
+                "state": base_state,
+                "param_groups": [dict(h, params=[g]) for g, h in enumerate(hypers)],
+            },
+            "fp32_flat_groups": flats,
+            "ds_version": DEEPSPEED_VERSION,
+        }
+    out[optim_file_name(rank)] = {"optimizer_state_dict": osd, "ds_config": ds_config, "ds_version": DEEPSPEED_VERSION}
+
+    if stage == 3 or rank == 0:
+        param_names = {n for n, _ in module.named_parameters(remove_duplicate=False)}
+        if stage == 3:  # DeepSpeed's stage-3 module state holds empty placeholders for partitioned parameters
+            sd = OrderedDict(
+                (k, torch.empty(0, dtype=v.dtype) if k in param_names and k not in frozen else v.detach().cpu())
+                for k, v in module_sd.items()
+            )
+            fragments = {}
+            for n in frozen:
+                t = module_sd[n].detach().cpu().reshape(-1)
+                per = math.ceil(t.numel() / world)
+                full = torch.zeros(per * world, dtype=t.dtype)
+                full[: t.numel()].copy_(t)
+                fragments[n] = full[rank * per : (rank + 1) * per].clone()
+        else:
+            sd = OrderedDict((k, v.detach().cpu()) for k, v in module_sd.items())
+            fragments = {n: module_sd[n].detach().cpu() for n in frozen}
+        model_state: dict[str, Any] = {
+            "module": sd,
+            "buffer_names": buffer_names,
+            "optimizer": None,
+            "param_shapes": shapes,
+            "frozen_param_shapes": OrderedDict((n, torch.Size(module_sd[n].shape)) for n in frozen),
+            "shared_params": shared,
+            "frozen_param_fragments": fragments,
+            "lr_scheduler": lr_scheduler_state,
+            "data_sampler": None,
+            "random_ltd": None,
+            "skipped_steps": int(counters.get("skipped_steps", 0)),
+            "global_steps": int(counters.get("global_steps", 0)),
+            "global_samples": int(counters.get("global_samples", 0)),
+            "dp_world_size": world,
+            "mp_world_size": 1,
+            "ds_config": ds_config,
+            "ds_version": DEEPSPEED_VERSION,
+        }
+        for key, value in client_state.items():  # DeepSpeed merges the client's keys into the same dict
+            model_state[key] = value
+        out[model_file_name(stage, rank)] = model_state
+    return out
