@@ -186,3 +186,15 @@ def test_zero_init_takes_its_dtype_from_the_config() -> None:
     assert Init().dtype is None  # without a config: each module's own dtype
     with pytest.raises(ConfigError, match="both true"):
         Init(config_dict_or_path={"bf16": {"enabled": True}, "fp16": {"enabled": True}})
+
+
+def test_lightning_deepspeed_strategy_imports_and_configures() -> None:
+    """Lightning's DeepSpeedStrategy needs CUDA to run; what runs anywhere is its import, its availability and
+    version gates and its config assembly (its checkpoint converter is exercised in test_hf_trainer.py)."""
+    pytest.importorskip("pytorch_lightning")
+    from lightning_fabric.strategies.deepspeed import _DEEPSPEED_AVAILABLE, _DEEPSPEED_GREATER_EQUAL_0_16
+    from pytorch_lightning.strategies import DeepSpeedStrategy
+
+    assert bool(_DEEPSPEED_AVAILABLE) and bool(_DEEPSPEED_GREATER_EQUAL_0_16)
+    strategy = DeepSpeedStrategy(stage=3, offload_optimizer=False)
+    assert strategy.config["zero_optimization"]["stage"] == 3

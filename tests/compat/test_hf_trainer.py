@@ -54,6 +54,23 @@ def test_trainer_trains_saves_and_resumes_bit_for_bit(stage: int, build_in_zero_
     check = results[0]["fp32_vs_saved_model"]
     assert check["missing"] == [] and check["max_abs_diff"] == 0.0
     assert check["extra"] == (["lm_head.weight"] if stage == 3 else [])  # the tied alias (shared_params)
+    _lightning_converter_reads(tmp_path / "full" / "checkpoint-5", stage)
+
+
+def _lightning_converter_reads(checkpoint, stage: int) -> None:
+    """Lightning's ``convert_zero_checkpoint_to_fp32_state_dict`` (which imports ``deepspeed.utils.zero_to_fp32``
+    and ``torch.load``s the model and optimizer files itself) on the compat-written checkpoint."""
+    import torch
+    from pytorch_lightning.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+    from safetensors.torch import load_file
+
+    out = convert_zero_checkpoint_to_fp32_state_dict(str(checkpoint), str(checkpoint / "lightning.pt"))
+    saved = load_file(str(checkpoint / "model.safetensors"))
+    assert set(saved) <= set(out["state_dict"])
+    for k, v in saved.items():
+        assert torch.equal(out["state_dict"][k], v.float()), k
+    assert out["global_samples"] == 5 * 8 and out["ds_version"] == "0.19.8"
+    assert torch.load(checkpoint / "lightning.pt", weights_only=True)["param_shapes"]  # plain types only
 
 
 def test_accelerate_loop_at_zero2_and_zero3_gives_the_same_training() -> None:
