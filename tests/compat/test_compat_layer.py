@@ -109,6 +109,13 @@ def test_every_symbol_the_integrations_import_is_there() -> None:
         deepspeed.tp_model_init  # noqa: B018
 
 
+def test_the_layer_uses_public_dscore_names_only(repo_root) -> None:
+    """A thin skin over the public API (ARCHITECTURE.md §10): no private dscore module or name."""
+    from dscore.import_contract import check_paths
+
+    assert check_paths([str(repo_root / "compat" / "deepspeed")]) == []
+
+
 def test_console_scripts_are_declared() -> None:
     eps = {ep.name: ep.value for ep in importlib.metadata.distribution("deepspeed").entry_points
            if ep.group == "console_scripts"}

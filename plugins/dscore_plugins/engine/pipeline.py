@@ -516,8 +516,14 @@ class PipelineEngine(DscoreEngine):
         Raises:
             CheckpointError: on every rank, naming the failing rank: an invalid tag or ``save_dir``, a
                 ``client_state`` value that cannot be stored safely, a failure writing on any rank (disk
-                full, unwritable folder) or publishing.
+                full, unwritable folder) or publishing; ``checkpoint_layout == "deepspeed"`` (DeepSpeed's
+                pipeline layout is not written; the ``deepspeed`` compatibility layer sets it).
         """
+        if self.checkpoint_layout != "dscore":
+            raise CheckpointError(
+                f"checkpoint_layout {self.checkpoint_layout!r} is not supported by the pipeline engine: it saves "
+                "dscore's per-layer layout only; set engine.checkpoint_layout = 'dscore'"
+            )
         pipe: PipelineModule = self.module
 
         def collect() -> dict[str, Any]:
