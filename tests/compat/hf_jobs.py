@@ -215,12 +215,46 @@ def fp32_vs_saved_model(checkpoint: str) -> dict[str, Any]:
     }
 
 
-def accelerate_stages_job(stages: tuple[int, ...] = (2, 3)) -> dict[int, dict[str, Any]]:
-    """:func:`accelerate_run` at each stage in turn, in the same processes (one process group)."""
-    from accelerate.state import AcceleratorState
+def accelerate_stages_job(stages: tuple[int, ...] = (2, 3), trl_dir: str | None = None) -> dict[Any, dict[str, Any]]:
+    """:func:`accelerate_run` at each stage in turn, then (with ``trl_dir``) :func:`trl_sft_run` at ZeRO-3,
+    in the same processes (one process group, started once)."""
+    from accelerate.state import AcceleratorState, PartialState
 
-    out = {}
+    out: dict[Any, dict[str, Any]] = {}
     for stage in stages:
         out[stage] = accelerate_run(stage)
         AcceleratorState._reset_state(reset_partial_state=False)
+    if trl_dir is not None:
+        PartialState(cpu=True)
+        out["trl"] = trl_sft_run(3, trl_dir)
     return out
+
+
+def trl_sft_run(stage: int, out_dir: str, steps: int = 3) -> dict[str, Any]:
+    """TRL's ``SFTTrainer`` for a few steps on pre-tokenized sequences (a word-level tokenizer built in
+    memory: no download). Returns the per-step losses and the engine type."""
+    from datasets import Dataset
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast, set_seed
+    from trl import SFTConfig, SFTTrainer
+
+    import deepspeed
+
+    set_seed(42)
+    vocab = {f"t{i}": i for i in range(VOCAB)}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t0")), unk_token="t0", pad_token="t1", eos_token="t2"
+    )
+    model = GPT2LMHeadModel(tiny_gpt2_config())
+    data = Dataset.from_dict({"input_ids": TokenDataset().ids.tolist()})
+    args = SFTConfig(
+        output_dir=out_dir, deepspeed=ds_config(stage), use_cpu=True, per_device_train_batch_size=2,
+        gradient_accumulation_steps=1, learning_rate=1e-3, max_steps=steps, logging_steps=1, save_strategy="no",
+        report_to=[], seed=42, disable_tqdm=True, max_length=SEQ,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    trainer.train()
+    losses = {int(h["step"]): float(h["loss"]) for h in trainer.state.log_history if "loss" in h}
+    return {"losses": losses, "engine": type(trainer.model_wrapped).__name__,
+            "is_engine": isinstance(trainer.model_wrapped, deepspeed.DeepSpeedEngine)}

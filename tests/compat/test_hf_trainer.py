@@ -73,11 +73,14 @@ def _lightning_converter_reads(checkpoint, stage: int) -> None:
     assert torch.load(checkpoint / "lightning.pt", weights_only=True)["param_shapes"]  # plain types only
 
 
-def test_accelerate_loop_at_zero2_and_zero3_gives_the_same_training() -> None:
+def test_accelerate_loop_at_zero2_and_zero3_then_trl_sft(tmp_path) -> None:
     """Accelerate's own loop (``PartialState(cpu=True)``, ``Accelerator(deepspeed_plugin=...)``, prepare,
     ``accelerator.backward``, ``optimizer.step``): ZeRO-2 and ZeRO-3 give the same per-step losses (fp32, 1
-    micro-batch per step) and ``accelerator.get_state_dict`` gathers the full ZeRO-3 model on rank 0 only."""
-    results = run_distributed(hf_jobs.accelerate_stages_job, 2, (2, 3), timeout=600, init_process_group=False)
+    micro-batch per step) and ``accelerator.get_state_dict`` gathers the full ZeRO-3 model on rank 0 only.
+    Then, in the same processes, TRL's ``SFTTrainer`` trains 3 steps at ZeRO-3 on the engine."""
+    pytest.importorskip("trl")
+    results = run_distributed(hf_jobs.accelerate_stages_job, 2, (2, 3), str(tmp_path), timeout=600,
+                              init_process_group=False)
     by_stage = {stage: [results[0][stage], results[1][stage]] for stage in (2, 3)}
     for rank in (0, 1):
         z2, z3 = by_stage[2][rank], by_stage[3][rank]
@@ -87,3 +90,7 @@ def test_accelerate_loop_at_zero2_and_zero3_gives_the_same_training() -> None:
     assert by_stage[2][0]["losses"] != by_stage[2][1]["losses"]  # each rank saw its own shard of the data
     assert by_stage[3][0]["state_keys"] == by_stage[2][0]["state_keys"] > 0 and by_stage[3][1]["state_keys"] == 0
     assert by_stage[3][0]["state_digest"] == pytest.approx(by_stage[2][0]["state_digest"], abs=1e-4)
+    trl = results[0]["trl"]
+    assert trl["is_engine"] and sorted(trl["losses"]) == [1, 2, 3]
+    assert all(3.5 < x < 5.0 for x in trl["losses"].values())
+    assert results[1]["trl"]["losses"] == trl["losses"]
