@@ -289,7 +289,11 @@ def save_checkpoint(
         written: dict[str, int] = {}
         for name, obj in files.items():
             path = os.path.join(tmp_dir, name)
-            L.atomic_write(path, lambda tmp, obj=obj: torch.save(obj, tmp), fsync=durable)
+
+            def save(tmp: str, obj: dict[str, Any] = obj) -> None:
+                torch.save(obj, tmp)
+
+            L.atomic_write(path, save, fsync=durable)
             written[name] = os.path.getsize(path)
         return written
 

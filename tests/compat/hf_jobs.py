@@ -81,10 +81,9 @@ def trainer_run(
     ZeRO-3 the model is then born partitioned inside ``deepspeed.zero.Init``); otherwise it is built first,
     seeded, as a plain module.
     """
+    import deepspeed
     import torch
     from transformers import GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
-
-    import deepspeed
 
     set_seed(42)
     model = None if build_in_zero_init else GPT2LMHeadModel(tiny_gpt2_config())
@@ -202,9 +201,8 @@ def trainer_resume_job(stage: int, root: str, build_in_zero_init: bool = False) 
 def fp32_vs_saved_model(checkpoint: str) -> dict[str, Any]:
     """``deepspeed.utils.zero_to_fp32`` on a Trainer checkpoint folder against the weights the Trainer saved
     next to it (``model.safetensors``): the key sets and the largest absolute difference."""
-    from safetensors.torch import load_file
-
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
 
     fp32 = get_fp32_state_dict_from_zero_checkpoint(checkpoint)
     saved = load_file(os.path.join(checkpoint, "model.safetensors"))
@@ -233,13 +231,12 @@ def accelerate_stages_job(stages: tuple[int, ...] = (2, 3), trl_dir: str | None 
 def trl_sft_run(stage: int, out_dir: str, steps: int = 3) -> dict[str, Any]:
     """TRL's ``SFTTrainer`` for a few steps on pre-tokenized sequences (a word-level tokenizer built in
     memory: no download). Returns the per-step losses and the engine type."""
+    import deepspeed
     from datasets import Dataset
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from transformers import GPT2LMHeadModel, PreTrainedTokenizerFast, set_seed
     from trl import SFTConfig, SFTTrainer
-
-    import deepspeed
 
     set_seed(42)
     vocab = {f"t{i}": i for i in range(VOCAB)}

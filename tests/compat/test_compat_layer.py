@@ -10,14 +10,14 @@ import importlib.util
 import logging
 import math
 
+# compat/deepspeed is installed by `make setup` (never skipped: a missing layer is a failure)
+import deepspeed  # noqa: E402
 import pytest
 import torch
 
 import dscore
 from dscore.config.client_values import convert_client_values
 from dscore.errors import ConfigError
-
-deepspeed = pytest.importorskip("deepspeed", reason="compat/deepspeed is installed by `make setup`")
 
 
 def _model() -> torch.nn.Module:
@@ -116,6 +116,16 @@ def test_the_layer_uses_public_dscore_names_only(repo_root) -> None:
     assert check_paths([str(repo_root / "compat" / "deepspeed")]) == []
 
 
+def test_import_deepspeed_stays_torch_free(python_exe: str) -> None:
+    """transformers imports ``deepspeed`` at module level; like ``import dscore`` it must not pull torch."""
+    import subprocess
+
+    code = "import sys, deepspeed; print(deepspeed.__version__, 'torch' in sys.modules)"
+    out = subprocess.run([python_exe, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[1] == "False", out.stdout
+
+
 def test_console_scripts_are_declared() -> None:
     eps = {ep.name: ep.value for ep in importlib.metadata.distribution("deepspeed").entry_points
            if ep.group == "console_scripts"}
@@ -198,10 +208,43 @@ def test_zero_init_takes_its_dtype_from_the_config() -> None:
 def test_lightning_deepspeed_strategy_imports_and_configures() -> None:
     """Lightning's DeepSpeedStrategy needs CUDA to run; what runs anywhere is its import, its availability and
     version gates and its config assembly (its checkpoint converter is exercised in test_hf_trainer.py)."""
-    pytest.importorskip("pytorch_lightning")
     from lightning_fabric.strategies.deepspeed import _DEEPSPEED_AVAILABLE, _DEEPSPEED_GREATER_EQUAL_0_16
     from pytorch_lightning.strategies import DeepSpeedStrategy
 
     assert bool(_DEEPSPEED_AVAILABLE) and bool(_DEEPSPEED_GREATER_EQUAL_0_16)
     strategy = DeepSpeedStrategy(stage=3, offload_optimizer=False)
     assert strategy.config["zero_optimization"]["stage"] == 3
+
+
+def test_save_in_deepspeed_layout_reads_back_and_refuses_what_it_cannot_write(tmp_path) -> None:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint, get_optim_files
+
+    engine, *_ = deepspeed.initialize(model=_model(), config=_config(zero_optimization={"stage": 1}))
+    assert engine.checkpoint_layout == "deepspeed"
+    engine.backward(engine(torch.ones(2, 4)).sum())
+    engine.step()
+    engine.save_checkpoint(str(tmp_path), client_state={"epoch": 3})
+    tag_dir = tmp_path / "global_step1"
+    assert (tmp_path / "latest").read_text() == "global_step1"
+    assert sorted(p.name for p in tag_dir.iterdir()) == [
+        "_COMPLETE", "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    assert [p.rsplit("/", 1)[1] for p in get_optim_files(str(tag_dir))] == ["zero_pp_rank_0_mp_rank_00_optim_states.pt"]
+    states = torch.load(tag_dir / "mp_rank_00_model_states.pt", weights_only=True)  # plain types only
+    assert states["epoch"] == 3 and states["global_steps"] == 1 and states["ds_version"] == "0.19.8"
+    fp32 = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path))
+    for name, p in engine.module.named_parameters():
+        assert torch.equal(fp32[name], p.detach()), name
+    # loads back through dscore's safe DeepSpeed reader
+    other, *_ = deepspeed.initialize(model=_model(), config=_config(zero_optimization={"stage": 1}))
+    path, client = other.load_checkpoint(str(tmp_path))
+    assert path is not None and client == {"epoch": 3} and other.global_steps == 1
+    for a, b in zip(engine.module.parameters(), other.module.parameters()):
+        assert torch.equal(a, b)
+    for e in (engine, other):
+        e.close()
+    stage0, *_ = deepspeed.initialize(model=_model(), config=_config())
+    with pytest.raises(dscore.errors.CheckpointError, match="ZeRO stage 0"):
+        stage0.save_checkpoint(str(tmp_path / "z0"))
+    stage0.checkpoint_layout = "dscore"  # dscore's own format still works
+    assert stage0.save_checkpoint(str(tmp_path / "z0"))
+    stage0.close()

@@ -7,15 +7,17 @@ which runs them on DeepSpeed 0.19.8 for the per-step loss comparison).
 
 from __future__ import annotations
 
+# compat/deepspeed (make setup) and transformers/accelerate/trl/pytorch-lightning (the test extra) are
+# required, never skipped
+import accelerate  # noqa: F401
+import deepspeed
+import hf_jobs  # tests/compat is on sys.path: pytest's prepend import mode
 import pytest
+import transformers  # noqa: F401
 
-pytest.importorskip("deepspeed", reason="compat/deepspeed is installed by `make setup`")
-pytest.importorskip("transformers")
-pytest.importorskip("accelerate")
+from dscore.testing import run_distributed
 
-import hf_jobs  # noqa: E402  (tests/compat is on sys.path: pytest's prepend import mode)
-
-from dscore.testing import run_distributed  # noqa: E402
+assert getattr(deepspeed, "__dscore__", False), f"`deepspeed` at {deepspeed.__file__} is not dscore's layer"
 
 pytestmark = pytest.mark.slow
 
@@ -78,7 +80,6 @@ def test_accelerate_loop_at_zero2_and_zero3_then_trl_sft(tmp_path) -> None:
     ``accelerator.backward``, ``optimizer.step``): ZeRO-2 and ZeRO-3 give the same per-step losses (fp32, 1
     micro-batch per step) and ``accelerator.get_state_dict`` gathers the full ZeRO-3 model on rank 0 only.
     Then, in the same processes, TRL's ``SFTTrainer`` trains 3 steps at ZeRO-3 on the engine."""
-    pytest.importorskip("trl")
     results = run_distributed(hf_jobs.accelerate_stages_job, 2, (2, 3), str(tmp_path), timeout=600,
                               init_process_group=False)
     by_stage = {stage: [results[0][stage], results[1][stage]] for stage in (2, 3)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["VALID_LR_SCHEDULES"]
+__all__ = ["VALID_LR_SCHEDULES"]  # noqa: F822 - resolved on first access by __getattr__ (reads the plugin registry)
 
 
 def _names() -> list[str]:
