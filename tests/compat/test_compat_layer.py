@@ -248,3 +248,17 @@ def test_save_in_deepspeed_layout_reads_back_and_refuses_what_it_cannot_write(tm
     stage0.checkpoint_layout = "dscore"  # dscore's own format still works
     assert stage0.save_checkpoint(str(tmp_path / "z0"))
     stage0.close()
+
+
+def test_z3_leaf_module_helpers_are_dscores_own() -> None:
+    """``deepspeed.utils.set_z3_leaf_modules`` & co. are ``dscore.zero``'s (imported when first used); a dscore
+    without them is a clear error naming the missing name, never a stand-in."""
+    import deepspeed.utils as ds_utils
+
+    for name in ("set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module"):
+        own = getattr(dscore.zero, name, None)
+        if own is not None:
+            assert getattr(ds_utils, name) is own
+        else:
+            with pytest.raises(ConfigError, match=f"dscore.zero.{name} is missing"):
+                getattr(ds_utils, name)
