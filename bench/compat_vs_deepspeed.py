@@ -41,6 +41,12 @@ def _child(out: str) -> int:
             res = run_distributed(hf_jobs.trainer_run, 2, stage, tmp, timeout=900, init_process_group=False)
         results[f"trainer_zero{stage}"] = {"losses": res[0]["losses"], "grad_norms": res[0]["grad_norms"],
                                            "deepspeed": res[0]["deepspeed"], "engine": res[0]["engine"]}
+    with tempfile.TemporaryDirectory() as tmp:  # optimizer and WarmupDecayLR from the config ("auto")
+        res = run_distributed(hf_jobs.trainer_run, 2, 2, tmp, 10, 5, None, False, True, timeout=900,
+                              init_process_group=False)
+    results["trainer_zero2_config_optimizer_scheduler"] = {
+        "losses": res[0]["losses"], "grad_norms": res[0]["grad_norms"], "deepspeed": res[0]["deepspeed"],
+        "engine": res[0]["engine"]}
     for stage in (2, 3):  # one job per stage: DeepSpeed keeps its groups in globals across engines
         acc = run_distributed(hf_jobs.accelerate_run, 2, stage, timeout=900, init_process_group=False)
         for rank in (0, 1):

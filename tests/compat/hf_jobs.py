@@ -17,12 +17,23 @@ from typing import Any
 VOCAB, SEQ, SAMPLES = 96, 16, 64
 
 
-def ds_config(stage: int, gas: int = 2) -> dict[str, Any]:
-    """The ds_config handed to ``TrainingArguments(deepspeed=...)`` ("auto" values filled by the Trainer)."""
+def ds_config(stage: int, gas: int = 2, config_optimizer: bool = False) -> dict[str, Any]:
+    """The ds_config handed to ``TrainingArguments(deepspeed=...)`` ("auto" values filled by the Trainer).
+    With ``config_optimizer`` the optimizer and LR schedule come from the config (AdamW, WarmupDecayLR), so
+    the Trainer hands DeepSpeed Accelerate's placeholders instead of its own optimizer and scheduler."""
     zero: dict[str, Any] = {"stage": stage}
     if stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+    extra: dict[str, Any] = {}
+    if config_optimizer:
+        extra = {
+            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                      "weight_decay": "auto"}},
+            "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                              "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+        }
     return {
+        **extra,
         "train_micro_batch_size_per_gpu": "auto",
         "gradient_accumulation_steps": "auto",
         "train_batch_size": "auto",
@@ -72,6 +83,7 @@ def trainer_run(
     save_steps: int = 5,
     resume: str | None = None,
     build_in_zero_init: bool = False,
+    config_optimizer: bool = False,
 ) -> dict[str, Any]:
     """Train with ``transformers.Trainer(args=TrainingArguments(deepspeed=cfg, use_cpu=True))``.
 
@@ -89,7 +101,7 @@ def trainer_run(
     model = None if build_in_zero_init else GPT2LMHeadModel(tiny_gpt2_config())
     args = TrainingArguments(
         output_dir=out_dir,
-        deepspeed=ds_config(stage),
+        deepspeed=ds_config(stage, config_optimizer=config_optimizer),
         use_cpu=True,
         per_device_train_batch_size=2,
         gradient_accumulation_steps=2,
@@ -171,7 +183,9 @@ def accelerate_run(stage: int, steps: int = 6) -> dict[str, Any]:
     return {"losses": losses, "state_keys": len(names), "state_digest": digest, "engine": type(model).__name__}
 
 
-def trainer_resume_job(stage: int, root: str, build_in_zero_init: bool = False) -> dict[str, Any]:
+def trainer_resume_job(
+    stage: int, root: str, build_in_zero_init: bool = False, config_optimizer: bool = False
+) -> dict[str, Any]:
     """Train 10 steps saving ``checkpoint-5``, then, in a fresh Trainer, model and engine in the same
     processes, resume from a copy of ``checkpoint-5`` alone and train to step 10. Returns both runs' results."""
     import shutil
@@ -179,7 +193,7 @@ def trainer_resume_job(stage: int, root: str, build_in_zero_init: bool = False) 
     from accelerate.state import AcceleratorState, PartialState
 
     full_dir, resume_dir = os.path.join(root, "full"), os.path.join(root, "resume")
-    full = trainer_run(stage, full_dir, build_in_zero_init=build_in_zero_init)
+    full = trainer_run(stage, full_dir, build_in_zero_init=build_in_zero_init, config_optimizer=config_optimizer)
     import torch.distributed as dist
 
     dist.barrier()
@@ -190,7 +204,8 @@ def trainer_resume_job(stage: int, root: str, build_in_zero_init: bool = False) 
     AcceleratorState._reset_state(reset_partial_state=False)
     PartialState(cpu=True)
     resumed = trainer_run(
-        stage, resume_dir, resume=os.path.join(resume_dir, "checkpoint-5"), build_in_zero_init=build_in_zero_init
+        stage, resume_dir, resume=os.path.join(resume_dir, "checkpoint-5"), build_in_zero_init=build_in_zero_init,
+        config_optimizer=config_optimizer,
     )
     tag_dir = os.path.join(full_dir, "checkpoint-5", "global_step5")
     files = sorted(os.listdir(tag_dir)) if os.path.isdir(tag_dir) else []

@@ -262,3 +262,44 @@ def test_z3_leaf_module_helpers_are_dscores_own() -> None:
         else:
             with pytest.raises(ConfigError, match=f"dscore.zero.{name} is missing"):
                 getattr(ds_utils, name)
+
+
+def test_initialize_forms_the_integrations_use() -> None:
+    """``config_params=`` with a client optimizer and a callable ``lr_scheduler`` (Accelerate's DummyScheduler
+    path), and an optimizer-less engine (Trainer's ZeRO-3 inference)."""
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    made = []
+
+    def make_scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+        made.append(optimizer)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5 ** step)
+
+    cfg = {"train_micro_batch_size_per_gpu": 2, "zero_allow_untested_optimizer": True,
+           "zero_optimization": {"stage": 2}}
+    engine, eopt, _, sched = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=make_scheduler,
+                                                  config_params=cfg)
+    assert made and sched is engine.lr_scheduler and isinstance(sched, torch.optim.lr_scheduler.LambdaLR)
+    engine.backward(engine(torch.ones(2, 4)).sum())
+    engine.step()
+    assert sched.get_last_lr() == [pytest.approx(0.005)]
+    engine.close()
+    bare, bare_opt, _, bare_sched = deepspeed.initialize(model=_model(), config={"train_micro_batch_size_per_gpu": 1})
+    assert bare_opt is None and bare_sched is None
+    assert bare(torch.ones(1, 4)).shape == (1, 1)
+    bare.close()
+
+
+def test_zero3_parameters_carry_deepspeeds_status_attributes() -> None:
+    """``ds_status`` follows gather/release; ``ds_numel`` and ``partition_numel()`` count elements."""
+    from dscore.zero import ZeroParamStatus
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    with deepspeed.zero.Init(config_dict_or_path={"train_batch_size": 1}):
+        layer = torch.nn.Linear(3, 5)
+    w = layer.weight
+    assert w.ds_numel == 15 and w.partition_numel() == 15 and layer.bias.partition_numel() == 5
+    assert w.ds_status is ZeroParamStatus.NOT_AVAILABLE
+    with deepspeed.zero.GatheredParameters(layer.parameters()):
+        assert w.ds_status is ZeroParamStatus.AVAILABLE and w.shape == (5, 3)
+    assert w.ds_status is ZeroParamStatus.NOT_AVAILABLE

@@ -23,17 +23,21 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
-    ("stage", "build_in_zero_init"),
-    [(2, False), (3, True)],
-    ids=["zero2", "zero3-born-partitioned"],
+    ("stage", "build_in_zero_init", "config_optimizer"),
+    [(2, False, True), (3, True, False)],
+    ids=["zero2-config-optimizer-and-scheduler", "zero3-born-partitioned-trainer-optimizer"],
 )
-def test_trainer_trains_saves_and_resumes_bit_for_bit(stage: int, build_in_zero_init: bool, tmp_path) -> None:
+def test_trainer_trains_saves_and_resumes_bit_for_bit(
+    stage: int, build_in_zero_init: bool, config_optimizer: bool, tmp_path
+) -> None:
     """10 steps with a checkpoint at step 5; a new Trainer resumed from checkpoint-5 alone reproduces the
     losses and gradient norms of steps 6-10 exactly (weights, Adam moments, LR scheduler, RNG and data
-    position all restored). At ZeRO-3 the model is built by ``from_config`` inside ``deepspeed.zero.Init``.
+    position all restored). ZeRO-2: optimizer and WarmupDecayLR from the config ("auto" values filled by the
+    Trainer; the scheduler's state travels in the checkpoint). ZeRO-3: the Trainer's own AdamW and LR
+    schedule, the model built by ``from_config`` inside ``deepspeed.zero.Init``.
     The checkpoint is in DeepSpeed's layout and ``zero_to_fp32`` gives the Trainer's saved weights."""
     results = run_distributed(
-        hf_jobs.trainer_resume_job, 2, stage, str(tmp_path), build_in_zero_init, timeout=600,
+        hf_jobs.trainer_resume_job, 2, stage, str(tmp_path), build_in_zero_init, config_optimizer, timeout=600,
         init_process_group=False,
     )
     full, resumed = results[0]["full"], results[0]["resumed"]
