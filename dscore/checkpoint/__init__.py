@@ -48,7 +48,9 @@ Guarantees:
 * **DeepSpeed checkpoints** load too: a DeepSpeed save directory (``latest``, ``mp_rank_00_model_states.pt``,
   ``[bf16_]zero_pp_rank_*_optim_states.pt``) is recognised and read without running pickled code, at any
   world size and ZeRO stage (see :mod:`dscore.checkpoint.deepspeed`). ``checkpoint.load_universal`` reads
-  the tag from ``latest_universal`` and is an error when that file is missing.
+  the tag from ``latest_universal`` and is an error when that file is missing. ``save_checkpoint(...,
+  layout="deepspeed")`` (``engine.checkpoint_layout``) *writes* DeepSpeed 0.19.8's files instead, with the
+  same atomic protocol (:mod:`dscore.checkpoint.deepspeed.writer`), for tools that read them.
 * ``load_module_only=True`` restores the weights only (no optimizer, scheduler, loss scaler, counters, RNG,
   data position). Counters restored otherwise: ``global_steps``, ``global_samples``, ``skipped_steps`` and
   also ``micro_steps`` (DeepSpeed does not), so gradient accumulation resumes in phase.
