@@ -303,3 +303,24 @@ def test_zero3_parameters_carry_deepspeeds_status_attributes() -> None:
     with deepspeed.zero.GatheredParameters(layer.parameters()):
         assert w.ds_status is ZeroParamStatus.AVAILABLE and w.shape == (5, 3)
     assert w.ds_status is ZeroParamStatus.NOT_AVAILABLE
+
+
+def test_deepspeed_layout_in_bf16_at_zero3_and_fp16_refused(tmp_path) -> None:
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    cfg = _config(zero_optimization={"stage": 3}, bf16={"enabled": True})
+    engine, *_ = deepspeed.initialize(model=_model(), config=cfg)
+    engine.backward(engine(torch.ones(2, 4, dtype=torch.bfloat16)).float().sum())
+    engine.step()
+    engine.save_checkpoint(str(tmp_path / "bf16"))
+    masters = engine.zero_stage_impl.state_dict()["fp32_params"]
+    fp32 = get_fp32_state_dict_from_zero_checkpoint(str(tmp_path / "bf16"))
+    assert set(fp32) == set(masters)
+    for name, value in masters.items():  # the fp32 masters, not the bf16 weights
+        assert fp32[name].dtype == torch.float32 and torch.equal(fp32[name], value), name
+    engine.close()
+    fp16, *_ = deepspeed.initialize(model=_model(), config=_config(zero_optimization={"stage": 2}, fp16={"enabled": True}))
+    with pytest.raises(dscore.errors.CheckpointError, match="not supported with fp16"):
+        fp16.save_checkpoint(str(tmp_path / "fp16"))
+    assert not (tmp_path / "fp16" / "global_step0").exists()
+    fp16.close()
