@@ -130,6 +130,17 @@ def test_console_scripts_are_declared() -> None:
     eps = {ep.name: ep.value for ep in importlib.metadata.distribution("deepspeed").entry_points
            if ep.group == "console_scripts"}
     assert eps == {"deepspeed": "deepspeed.launcher.runner:main", "ds_report": "deepspeed.env_report:cli_main"}
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bin_dir = Path(sys.executable).parent
+    launcher = subprocess.run([bin_dir / "deepspeed", "--help"], capture_output=True, text=True, timeout=120)
+    assert launcher.returncode == 0 and launcher.stdout.startswith("usage: dscore run"), launcher.stderr
+    report = subprocess.run([bin_dir / "ds_report", "--json"], capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["deepspeed_compat"]["value"]["active"] is True
 
 
 def test_convert_client_values() -> None:
