@@ -141,6 +141,8 @@ class DscoreEngine(torch.nn.Module):
         #: files, for tools that read them; set by the ``deepspeed`` compatibility distribution). See
         #: :func:`dscore.checkpoint.save_checkpoint`; loads read either.
         self.checkpoint_layout = "dscore"
+        self._backwards_in_micro_step = 0  # backward() calls since the last step() call (issue 33 item 1)
+        self._warned_unmanaged_window = False
 
         self._steps_per_print = config.steps_per_print or 0
         fp16 = config.section("fp16", None)
@@ -508,6 +510,7 @@ class DscoreEngine(torch.nn.Module):
             )
         if loss.dim() != 0:
             raise EngineError(f"engine.backward() needs a scalar loss, got a tensor of shape {tuple(loss.shape)}")
+        self._check_one_backward_per_micro_step()
         timers = self._timers
         if timers is not None:
             timers.start(BACKWARD)
@@ -524,9 +527,30 @@ class DscoreEngine(torch.nn.Module):
         else:
             self.zero_stage_impl.backward(to_backward, boundary=boundary, sync=not self._in_no_sync)
         self._backwards_since_step += 1
+        self._backwards_in_micro_step += 1
         if timers is not None:
             timers.stop(BACKWARD)
         return scaled
+
+    def _check_one_backward_per_micro_step(self) -> None:
+        # DeepSpeed counts micro steps in step(), not in backward(): a loop that calls backward() k times
+        # per step() (accumulation owned by a wrapper, Lightning #19350) silently sums k micro-batches into
+        # one micro step (gradient_accumulation_steps: 1 -> k times the mean gradient; G > 1 -> the window
+        # never reaches its boundary on time). Under managed accumulation that is refused; a caller that
+        # owns boundaries says so with set_gradient_accumulation_boundary() or
+        # managed_gradient_accumulation: false.
+        if not self._managed or self._boundary_override is not None or self._backwards_in_micro_step == 0:
+            return
+        raise EngineError(
+            f"engine.backward() called {self._backwards_in_micro_step + 1} times without engine.step() in "
+            f"between, with gradient_accumulation_steps={self._gas}: the engine counts one micro-batch per "
+            "engine.step() call, so these gradients would be summed into one micro-batch. Call engine.step() "
+            "after every engine.backward() (it steps the optimizer only at the accumulation boundary) and set "
+            "gradient_accumulation_steps to the number of micro-batches per optimizer step; or, when a "
+            "training loop owns the accumulation, call engine.set_gradient_accumulation_boundary(is_boundary) "
+            "before each backward (or set managed_gradient_accumulation: false). Sum several losses of one "
+            "micro-batch before one engine.backward()"
+        )
 
     @runtime_scoped
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
@@ -543,6 +567,7 @@ class DscoreEngine(torch.nn.Module):
         if self.zero_stage_impl.optimizer is None:
             raise EngineError("engine.step() needs an optimizer: pass optimizer= or set optimizer.type in ds_config")
         self._step_applied = False
+        self._backwards_in_micro_step = 0
         boundary = True if not self._managed and self._boundary_override is None else None
         self._inside_step = True
         try:
@@ -558,6 +583,8 @@ class DscoreEngine(torch.nn.Module):
         timers = self._timers
         if timers is not None:
             timers.start(STEP)
+        if not self._managed and samples is None:
+            self._warn_unmanaged_window()
         outcome = self.zero_stage_impl.step()
         self._global_grad_norm = outcome.global_grad_norm
         if outcome.applied:
@@ -569,6 +596,7 @@ class DscoreEngine(torch.nn.Module):
                     self.lr_scheduler.step()
         else:
             self.skipped_steps += 1
+            self._log_skipped_step(outcome)
         self.global_steps += 1
         if samples is not None:  # a partial window (flush_gradient_accumulation)
             self.global_samples += samples
@@ -584,9 +612,51 @@ class DscoreEngine(torch.nn.Module):
         if self._after_step_hook and self._pm is not None:
             self._pm.call("dscore_after_optimizer_step", engine=self, step_applied=outcome.applied)
 
+    def _warn_unmanaged_window(self) -> None:
+        k = self._backwards_since_step
+        if k == self._gas or k == 0 or self._warned_unmanaged_window:
+            return
+        self._warned_unmanaged_window = True  # once per engine: the caller chose its windows
+        log.warning(
+            "optimizer step %d applies %d engine.backward() call(s) with gradient_accumulation_steps=%d "
+            "(managed_gradient_accumulation: false): each loss was divided by %d, so the step uses %d/%d "
+            "times the mean gradient. Set gradient_accumulation_steps to the micro-batches per step, or pass "
+            "scale_wrt_gas=False and scale the loss yourself (warned once)",
+            self.global_steps + 1,
+            k,
+            self._gas,
+            self._gas,
+            k,
+            self._gas,
+        )
+
+    def _log_skipped_step(self, outcome: Any) -> None:
+        # every skip is a WARNING (DeepSpeed #8415); after the first 10, one line per 100 skips
+        n = self.skipped_steps
+        if n > 10 and n % 100 != 0:
+            return
+        if self.loss_scaler is not None:
+            reason = f"fp16 gradient overflow (loss scale now {self.loss_scaler.loss_scale:g})"
+        elif outcome.overflow:
+            reason = "non-finite (inf/NaN) gradients"
+        else:
+            reason = "the ZeRO stage did not apply it"
+        log_rank0(
+            log,
+            self.global_rank,
+            "step %d skipped: %s; %d step(s) skipped so far%s",
+            self.global_steps + 1,
+            reason,
+            n,
+            " (further skips logged every 100)" if n == 10 else "",
+            level=logging.WARNING,
+        )
+
     def zero_grad(self) -> None:  # type: ignore[override]  # DeepSpeed's engine.zero_grad() takes no argument
-        """Drop accumulated gradients without stepping."""
+        """Drop accumulated gradients without stepping; every module parameter's ``.grad`` is None after it
+        (DeepSpeed's ``engine.zero_grad()``)."""
         self.zero_stage_impl.zero_grad()
+        self._backwards_in_micro_step = 0  # the dropped micro-batch no longer counts (item 1's check)
 
     @property
     def pending_micro_batches(self) -> int:

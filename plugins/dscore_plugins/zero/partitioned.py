@@ -269,7 +269,15 @@ class PartitionedOptimizerStage(ZeroStage):
         return self._optimizer
 
     def _zero_grad_from_optimizer(self, set_to_none: bool = True) -> None:
-        self.zero_grad()
+        self._zero_buffers()  # keeps the .grad views: a direct loss.backward() may follow (engine.zero_grad() frees them)
+
+    def _attach_grads(self) -> None:
+        # stage 1 (contiguous): ``.grad`` are views of the flat gradient buffer; zero_grad() left them None
+        self._grads_detached = False
+        for b in self.buckets:
+            if b.grad is not None:
+                for p, off, n in zip(b.params, b.offsets, b.numels):
+                    p.grad = b.grad[off : off + n].view_as(p)
 
     def backward(self, loss: torch.Tensor, *, boundary: bool, sync: bool = True, retain_graph: bool = False) -> None:
         """Backward for one micro step; reduces as described in the module docstring.
@@ -282,6 +290,8 @@ class PartitionedOptimizerStage(ZeroStage):
                 "no_sync is incompatible with gradient partitioning (zero_optimization.stage 2): gradients "
                 "are reduce-scattered on every micro step; use stage 0 or 1 for no_sync"
             )
+        if getattr(self, "_grads_detached", False):
+            self._attach_grads()
         timers = active_timers()
         reduce_now = sync and (self.partition_gradients or boundary)
         self._begin(launch=reduce_now and self.overlap, timed=timers is not None)
@@ -316,7 +326,7 @@ class PartitionedOptimizerStage(ZeroStage):
         return step_partitions(
             self._optimizer, masters=[m for ms in self.masters for m in ms], master_grads=self.master_grads, fresh=self._fresh,
             comm=self.comm, precision=self.precision, loss_scaler=self.loss_scaler, clip=self.clip, world=self.world,
-            offload=self.offload, publish=self._all_gather_params, zero_grad=self.zero_grad,
+            offload=self.offload, publish=self._all_gather_params, zero_grad=self._zero_buffers,
         )
 
     @torch.no_grad()
@@ -355,7 +365,17 @@ class PartitionedOptimizerStage(ZeroStage):
                 h.wait()
 
     def zero_grad(self) -> None:
-        """Drop accumulated gradients (flat buffers zeroed in place; staging and per-parameter grads freed)."""
+        """Drop accumulated gradients; every parameter's ``.grad`` is None afterwards (DeepSpeed), the flat
+        buffers are zeroed and re-attached at the next ``backward``."""
+        self._zero_buffers()
+        if self.contiguous and not self.partition_gradients:
+            for params in self.group_params:
+                for p in params:
+                    p.grad = None
+            self._grads_detached = True
+
+    def _zero_buffers(self) -> None:
+        # after a step: zero in place, keep stage 1's ``.grad`` views (no per-parameter work per step)
         self.reducer.reset()
         grads = [g for g in self.flat_grad if g is not None]
         if grads:

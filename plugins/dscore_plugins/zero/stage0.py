@@ -7,7 +7,8 @@ fp32, ``FP16_Optimizer`` / ``FP16_UnfusedOptimizer`` for fp16 and bf16), restate
   into one contiguous buffer per (device, dtype). Autograd accumulates into those views in place, so a
   gradient accumulation window needs no copies, and the boundary reduction is one all-reduce per bucket
   of ``zero_optimization.reduce_bucket_size`` elements instead of one per parameter. The buffers are
-  zeroed (never set to ``None``) after each step. Consequence: a parameter that got no gradient in a
+  zeroed (never set to ``None``) after each step; ``engine.zero_grad()`` sets ``.grad`` to None as DeepSpeed
+  does, and the views are re-attached at the next ``backward``. Consequence: a parameter that got no gradient in a
   window has a zero ``.grad`` (not ``None``), so optimizers with weight decay or momentum still update it,
   as under ``torch.nn.parallel.DistributedDataParallel(gradient_as_bucket_view=True)``.
 * **Reduction** at the boundary: sum all-reduce over the data-parallel group, divided by its size
@@ -237,7 +238,16 @@ class Stage0(ZeroStage):
         return opt
 
     def _zero_grad_from_optimizer(self, set_to_none: bool = True) -> None:
-        self.zero_grad()
+        self._zero_buffers()  # keeps the .grad views: a direct loss.backward() may follow (engine.zero_grad() frees them)
+
+    def _attach_grads(self) -> None:
+        self._grads_detached = False
+        for g in self.groups:
+            offset = 0
+            for p in g.params:
+                n = p.numel()
+                p.grad = g.grad[offset : offset + n].view_as(p)
+                offset += n
 
     # ------------------------------------------------------------------ contract
     @property
@@ -252,6 +262,8 @@ class Stage0(ZeroStage):
         bucket order, so communication overlaps the rest of backward (what DDP's reducer does); the
         remaining buckets are launched and everything is waited for once autograd is done.
         """
+        if getattr(self, "_grads_detached", False):
+            self._attach_grads()  # after zero_grad() (which leaves .grad None), before autograd writes them
         launch = bool(self._hooks) and boundary and sync and not self._local_gradients()
         if launch:
             self.reducer.begin(launch=True, prescale=self._divisors()[0], timed=active_timers() is not None)
@@ -325,7 +337,7 @@ class Stage0(ZeroStage):
                 overflow = not bool(torch.isfinite(norm))  # the one device sync of a checked step
         skip = self.loss_scaler.update(overflow) if self.loss_scaler is not None else overflow
         if skip or overflow:
-            self.zero_grad()
+            self._zero_buffers()
             return StepOutcome(applied=False, overflow=overflow, global_grad_norm=None)
         if norm is not None and scale != 1.0:
             norm = norm / scale
@@ -346,14 +358,23 @@ class Stage0(ZeroStage):
             for g in self.groups:
                 assert g.data is not None and g.master is not None
                 g.data.copy_(g.master)
-        self.zero_grad()
+        self._zero_buffers()
         if timers is not None:
             timers.add("step.clip", t0 - t_clip)
             timers.add("step.optimizer", time.perf_counter() - t0)
         return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)
 
     def zero_grad(self) -> None:
-        """Zero every flat gradient buffer in place (the ``.grad`` views stay attached)."""
+        """Drop the gradients: ``.grad`` of every module parameter is None afterwards (DeepSpeed's
+        ``engine.zero_grad()``); the zeroed flat buffers are re-attached as views at the next ``backward``."""
+        self._zero_buffers()
+        for g in self.groups:
+            for p in g.params:
+                p.grad = None
+        self._grads_detached = True
+
+    def _zero_buffers(self) -> None:
+        # after a step: zero in place, the ``.grad`` views stay attached (no per-parameter work per step)
         self._reduced = False
         bufs = [g.grad for g in self.groups] + [g.master_grad for g in self.groups if g.master_grad is not None]
         if bufs:
