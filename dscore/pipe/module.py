@@ -118,6 +118,20 @@ def _is_dist() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def _refuse_before_process_group(stages: int) -> None:
+    # issue 29 item 8: under a launcher (WORLD_SIZE > 1) a module built before the process group exists
+    # would see a world of 1 and be partitioned for the wrong job
+    import os
+
+    launched = os.environ.get("WORLD_SIZE", "").strip()
+    if launched.isdigit() and int(launched) > 1:
+        raise DistributedError(
+            f"PipelineModule(num_stages={stages}) was built before the process group exists, but this process "
+            f"was launched with WORLD_SIZE={launched}: call dscore.init_distributed() before building the "
+            "PipelineModule, so it is partitioned over the whole job"
+        )
+
+
 class PipelineModule(torch.nn.Module):
     """A model as a list of layers, partitioned over pipeline stages (see the module docstring).
 
@@ -163,11 +177,20 @@ class PipelineModule(torch.nn.Module):
             raise ConfigError("PipelineModule needs at least one layer (layers=[...] is empty)")
         if (num_stages is None) == (topology is None):
             raise ConfigError("PipelineModule needs exactly one of num_stages= and topology=")
+        stages = int(num_stages) if topology is None else int(topology.get_dim("pipe"))  # type: ignore[arg-type]
+        if len(self._layer_specs) < stages:
+            # DeepSpeed PR #4053: a stage without layers fails later with torch's "empty parameter list"
+            raise ConfigError(
+                f"PipelineModule has {len(self._layer_specs)} layer(s) for num_stages={stages}: every stage needs at "
+                f"least one layer; use num_stages <= {len(self._layer_specs)} or split the model into more layers"
+            )
         world = 1
         if _is_dist():
             import torch.distributed as dist
 
             world = dist.get_world_size()
+        else:
+            _refuse_before_process_group(stages)
         if topology is None:
             assert num_stages is not None
             if int(num_stages) < 1:

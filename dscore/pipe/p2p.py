@@ -8,7 +8,8 @@ corrupted receive. Sends are asynchronous (``isend``; their handles are waited f
 ends), receives block; with the 1F1B order this is deadlock-free on gloo, NCCL and others.
 
 Tags keep messages of one link apart: ``tag = kind * 2**20 + micro_batch * 64 + tensor_index`` (kinds:
-meta, activation, gradient).
+meta, activation, gradient). A second link to the same peer on another ``channel`` (the labels the first
+stage sends the last one) uses its own kinds, so its messages never match the first link's.
 """
 
 from __future__ import annotations
@@ -73,10 +74,12 @@ class P2PLink:
         peer: the neighbour's global rank.
         device: where received tensors are allocated.
         comm: the :class:`dscore.comm.Comm` the transfers go through.
+        channel: 0 for activations/gradients; 1 for a second link to the same peer (labels).
     """
 
-    def __init__(self, peer: int, device: torch.device, comm: Comm) -> None:
+    def __init__(self, peer: int, device: torch.device, comm: Comm, channel: int = 0) -> None:
         self.peer = int(peer)
+        self._kind = 4 * int(channel)  # added to every tag kind
         self.comm = comm
         self.device = device
         self.send_meta: list[tuple[torch.dtype, tuple[int, ...], bool]] | None = None
@@ -97,14 +100,14 @@ class P2PLink:
         # on the link's device: NCCL moves device tensors only
         header = torch.tensor([len(flat)], dtype=torch.int64, device=self.device)
         body = torch.tensor(flat, dtype=torch.int64, device=self.device)
-        self.comm.send(header, self.peer, tag=_tag(_META, 0, 0))
-        self.comm.send(body, self.peer, tag=_tag(_META, 0, 1))
+        self.comm.send(header, self.peer, tag=_tag(self._kind + _META, 0, 0))
+        self.comm.send(body, self.peer, tag=_tag(self._kind + _META, 0, 1))
 
     def _recv_meta(self) -> list[tuple[torch.dtype, tuple[int, ...], bool]]:
         header = torch.empty(1, dtype=torch.int64, device=self.device)
-        self.comm.recv(header, self.peer, tag=_tag(_META, 0, 0))
+        self.comm.recv(header, self.peer, tag=_tag(self._kind + _META, 0, 0))
         body = torch.empty(int(header.item()), dtype=torch.int64, device=self.device)
-        self.comm.recv(body, self.peer, tag=_tag(_META, 0, 1))
+        self.comm.recv(body, self.peer, tag=_tag(self._kind + _META, 0, 1))
         vals = body.tolist()
         count, pos = vals[0], 1
         meta = []
@@ -134,7 +137,7 @@ class P2PLink:
             )
         for i, t in enumerate(tensors):
             buf = t.detach().contiguous()  # kept alive in _pending until the send completed
-            self._pending.append((self.comm.isend(buf, self.peer, tag=_tag(_ACT, micro_batch, i)), buf))
+            self._pending.append((self.comm.isend(buf, self.peer, tag=_tag(self._kind + _ACT, micro_batch, i)), buf))
 
     def recv_activations(self, micro_batch: int, *, requires_grad: bool) -> tuple[torch.Tensor, ...]:
         """Receive the previous stage's outputs; with ``requires_grad`` floating tensors require grad (in
@@ -144,7 +147,7 @@ class P2PLink:
         out = []
         for i, (dtype, shape, _) in enumerate(self.recv_meta):
             buf = torch.empty(shape, dtype=dtype, device=self.device)
-            self.comm.recv(buf, self.peer, tag=_tag(_ACT, micro_batch, i))
+            self.comm.recv(buf, self.peer, tag=_tag(self._kind + _ACT, micro_batch, i))
             if requires_grad and buf.is_floating_point():
                 buf.requires_grad_(True)
             out.append(buf)
@@ -156,7 +159,7 @@ class P2PLink:
         (zeros for an input that got none), asynchronously."""
         for i, g in enumerate(grads):
             buf = g.contiguous()
-            self._pending.append((self.comm.isend(buf, self.peer, tag=_tag(_GRAD, micro_batch, i)), buf))
+            self._pending.append((self.comm.isend(buf, self.peer, tag=_tag(self._kind + _GRAD, micro_batch, i)), buf))
 
     def recv_gradients(self, micro_batch: int) -> list[torch.Tensor]:
         """Receive the gradients of the floating-point tensors sent with :meth:`send_activations`, in order."""
@@ -167,7 +170,7 @@ class P2PLink:
             if not dtype.is_floating_point:
                 continue
             buf = torch.empty(shape, dtype=dtype, device=self.device)
-            self.comm.recv(buf, self.peer, tag=_tag(_GRAD, micro_batch, k))
+            self.comm.recv(buf, self.peer, tag=_tag(self._kind + _GRAD, micro_batch, k))
             out.append(buf)
             k += 1
         return out

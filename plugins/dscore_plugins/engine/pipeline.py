@@ -5,8 +5,10 @@ Mirrors DeepSpeed's ``PipelineEngine`` (``deepspeed/runtime/pipe/engine.py``) fr
 * ``train_batch(data_iter)`` runs ``gradient_accumulation_steps`` micro-batches through the stages in the
   1F1B order (:func:`dscore.pipe.schedule.train_schedule`), then one optimizer step, and returns the mean
   micro-batch loss (averaged over data-parallel replicas, broadcast from the last stage so every rank
-  returns it). ``data_iter`` yields ``(inputs, labels)`` micro-batches; the first stage reads ``inputs``,
-  the last ``labels`` (both draw from their own iterator: give every rank of a replica the same data).
+  returns it). ``data_iter`` yields ``(inputs, labels)`` micro-batches; only the first stage reads it and
+  sends each micro-batch's ``labels`` to the last stage (one sample stream per replica, so a dataset that
+  draws at random cannot pair one sample's labels with another's inputs, DeepSpeed #3131; DeepSpeed lets the
+  last stage read labels from its own iterator). Other stages' ``data_iter`` is not read.
   Without ``data_iter`` the engine's training loader (from ``training_data=``) is used, restarted at the
   end of an epoch.
 * ``eval_batch(data_iter)`` runs the forwards only (no grad, eval mode) and returns the mean loss.
@@ -186,6 +188,11 @@ class PipelineEngine(DscoreEngine):
             if self.stage_id < self.num_stages - 1
             else None
         )
+        # the first stage sends each micro-batch's labels to the last one (its own tags, even when adjacent)
+        self._labels_link: P2PLink | None = None
+        if self.num_stages > 1 and self.stage_id in (0, self.num_stages - 1):
+            peer = self.num_stages - 1 if self.stage_id == 0 else 0
+            self._labels_link = P2PLink(self.grid.stage_to_global(peer), device, self.runtime.comm, channel=1)
         self._data_iterator: Iterator[Any] | None = None
         self.agg_train_loss: torch.Tensor | None = None
         self.agg_eval_loss: torch.Tensor | None = None
@@ -287,7 +294,9 @@ class PipelineEngine(DscoreEngine):
                         saved_inputs = self._prev.recv_activations(mb, requires_grad=train)
                         x = saved_inputs[0] if len(saved_inputs) == 1 else saved_inputs
                         if last:
-                            _, labels = self._split_batch(self._next_batch(data_iter))
+                            assert self._labels_link is not None
+                            got = self._labels_link.recv_activations(mb, requires_grad=False)
+                            labels = got[0] if len(got) == 1 else got
                     if train:
                         out = pipe(x)
                     else:
@@ -308,6 +317,12 @@ class PipelineEngine(DscoreEngine):
                         outs = as_tuple(out, where)
                         assert self._next is not None
                         self._next.send_activations(outs, mb, where)
+                        if first and self._labels_link is not None:
+                            # after the activations: the last stage receives in that order (the first
+                            # send of a link blocks on its meta, so the other order could deadlock)
+                            self._labels_link.send_activations(
+                                as_tuple(labels, f"the labels of micro-batch {mb}"), mb, "the labels"
+                            )
                         if train:
                             store[mb] = (saved_inputs, outs)
                 else:  # BACKWARD
@@ -337,7 +352,7 @@ class PipelineEngine(DscoreEngine):
                             mb,
                         )
         finally:
-            for link in (self._prev, self._next):
+            for link in (self._prev, self._next, self._labels_link):
                 if link is not None:
                     link.wait()
         return self._aggregate_loss(losses)
