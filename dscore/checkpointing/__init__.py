@@ -245,7 +245,7 @@ def _reset_for_tests() -> None:
     _drop_buffers()
 
 
-def checkpoint(function: Callable[..., Any], *args: Any) -> Any:
+def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Run ``function(*args)`` saving only ``args`` for backward; recompute it in backward.
 
     Args:
@@ -259,9 +259,20 @@ def checkpoint(function: Callable[..., Any], *args: Any) -> Any:
         What ``function`` returns: a tensor, or a tuple/list of tensors and other values (returned as a
         tuple). Floating-point output tensors require grad when grad mode is on.
 
+    Under ``torch.compile`` the checkpointed call runs eagerly (a graph break), so its recompute replays
+    the forward's random numbers on every backend (DeepSpeed #6811: Inductor's dropout does not draw from
+    the global generator that the replay restores).
+
     Raises:
-        CheckpointingError: see :class:`CheckpointingError` (contiguous buffer misuse).
+        CheckpointingError: see :class:`CheckpointingError` (contiguous buffer misuse); keyword arguments
+            (DeepSpeed's checkpoint takes positional arguments only).
     """
+    if kwargs:
+        raise CheckpointingError(
+            f"dscore.checkpointing.checkpoint() takes the function's arguments positionally only (as DeepSpeed's "
+            f"checkpoint), got keyword argument(s) {', '.join(sorted(kwargs))}: bind them first, e.g. "
+            f"checkpoint(functools.partial(fn, {next(iter(sorted(kwargs)))}=...), *args)"
+        )
     from dscore.checkpointing.function import run_checkpoint
 
     return run_checkpoint(function, args, _settings, _generation)

@@ -271,11 +271,24 @@ def _name(fn: Any) -> str:
     return type(fn).__name__ if isinstance(fn, torch.nn.Module) else getattr(fn, "__qualname__", repr(fn))
 
 
-def run_checkpoint(fn: Callable[..., Any], args: Sequence[Any], settings: CheckpointSettings, generation: int) -> Any:
-    """Implementation of :func:`dscore.checkpointing.checkpoint` (see there)."""
-    if not torch.is_grad_enabled():
-        return fn(*args)
+def _run(fn: Callable[..., Any], args: Sequence[Any], settings: CheckpointSettings, generation: int) -> Any:
     # an empty leaf that requires grad makes the outputs part of the graph even when no input requires
     # grad, so parameters used inside ``fn`` still receive gradients (torch's re-entrant variant loses them)
     anchor = torch.empty(0, requires_grad=True)
     return _Recompute.apply(_Call(fn, args, settings, generation), anchor, *args)
+
+
+# Inside a torch.compile'd region the checkpointed function runs eagerly (a graph break): Inductor draws
+# dropout masks from its own seeds, not from the global generator _Recompute saves and restores, so a
+# compiled recompute would use other masks than the forward (DeepSpeed #6811). torch's own non-reentrant
+# checkpoint has the same fault under backend="eager"; running the region eagerly is exact on every backend.
+_run_eagerly = torch.compiler.disable(_run, recursive=True)
+
+
+def run_checkpoint(fn: Callable[..., Any], args: Sequence[Any], settings: CheckpointSettings, generation: int) -> Any:
+    """Implementation of :func:`dscore.checkpointing.checkpoint` (see there)."""
+    if not torch.is_grad_enabled():
+        return fn(*args)
+    if torch.compiler.is_compiling():
+        return _run_eagerly(fn, args, settings, generation)
+    return _run(fn, args, settings, generation)
