@@ -12,6 +12,15 @@ the module's own (non-recursive) parameters are broadcast from rank 0 (so every 
 random initialisation), and only this rank's ``1/world`` chunk is kept. Peak memory while building is
 therefore the partitions plus the largest single module, which lets a model larger than one rank's
 memory be constructed.
+
+Touching a partitioned parameter while building (a subclass ``__init__`` writing a weight its parent's
+submodule made, ``self.lin.weight.fill_(0.25)``; a ``post_init`` re-initialising weights; DeepSpeed PR
+#1202) gathers it for that one operation: inside the context a torch-function mode sees every torch call
+whose arguments hold a released partitioned parameter, gathers its unit, runs the call, takes rank 0's
+values (construction code runs on every rank) into every rank's partition and releases it again, so the
+value lands. A call returning a view of the gathered storage keeps the unit gathered until the outermost
+module under construction returns (or the context exits), so the view stays valid. Metadata reads
+(``shape``, ``dtype``, ...) gather nothing.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from dscore.comm import Comm
 from dscore.zero.partition import FlatUnit, unit_of
@@ -81,8 +91,9 @@ class Init:
             neither -> float32 (both enabled is a ``ConfigError``). Other ZeRO options are read by the engine.
 
     Raises:
-        RuntimeError: ``torch.distributed`` is not initialised and ``enabled`` (call
-            ``dscore.init_distributed()`` first); a module mixes parameter dtypes without ``dtype``.
+        DistributedError: ``torch.distributed`` is not initialised and ``enabled`` (the message names the
+            launcher's ``WORLD_SIZE``/``RANK`` and ``dscore.init_distributed()``).
+        RuntimeError: a module mixes parameter dtypes without ``dtype``.
 
     Example::
 
@@ -112,6 +123,9 @@ class Init:
         self._patched: list[tuple[type, Any]] = []
         self._orig_init_subclass: Any = None
         self.comm: Comm | None = None
+        self._constructing = 0  # module constructors running inside the context
+        self._held: list[FlatUnit] = []  # units gathered for a view that escaped one call
+        self._mode: _GatherOnTouch | None = None
         if module is not None and enabled:
             self.comm = self._collectives()
             for m in module.modules():
@@ -119,9 +133,21 @@ class Init:
 
     def _collectives(self) -> Comm:
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            raise RuntimeError(
-                "dscore.zero.Init needs torch.distributed to be initialised: call dscore.init_distributed() "
-                "(or torch.distributed.init_process_group) before entering it, or pass enabled=False"
+            import os
+
+            from dscore.errors import DistributedError
+
+            launched = os.environ.get("WORLD_SIZE")
+            where = (
+                f"this process was launched as rank {os.environ.get('RANK', '?')} of WORLD_SIZE={launched}, but no "
+                "process group exists yet"
+                if launched
+                else "no process group exists (WORLD_SIZE is not set: not started by a launcher)"
+            )
+            raise DistributedError(
+                f"dscore.zero.Init needs torch.distributed to be initialised: {where}. Call "
+                "dscore.init_distributed() (or torch.distributed.init_process_group) before entering it, or pass "
+                "enabled=False"
             )
         base = self._comm if isinstance(self._comm, Comm) else Comm(None, backend=str(torch.distributed.get_backend()))
         if self._group is not None:
@@ -143,11 +169,17 @@ class Init:
             ctx._wrap(cls)
 
         torch.nn.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+        self._mode = _GatherOnTouch(self)
+        self._mode.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if not self.enabled:
             return
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        self._release_held()
         for cls, orig in reversed(self._patched):
             cls.__init__ = orig  # type: ignore[misc]
         self._patched.clear()
@@ -169,16 +201,35 @@ class Init:
         def wrapped(module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
             depth = module.__dict__.get(_DEPTH_ATTR, 0)
             object.__setattr__(module, _DEPTH_ATTR, depth + 1)
+            ctx._constructing += 1
             try:
                 orig(module, *args, **kwargs)
             finally:
                 object.__setattr__(module, _DEPTH_ATTR, depth)
+                ctx._constructing -= 1
             if depth == 0:
                 ctx._partition_module(module)
+            if ctx._constructing == 0:
+                ctx._release_held()
 
         wrapped._dscore_wrapped = True  # type: ignore[attr-defined]
         cls.__init__ = wrapped  # type: ignore[misc]
         self._patched.append((cls, orig))
+
+    # ------------------------------------------------------------------ touching partitioned parameters
+    @torch.no_grad()
+    def _publish(self, unit: FlatUnit) -> None:
+        """Rank 0's (possibly modified) values into every rank's partition, then free ``full``."""
+        assert self.comm is not None
+        unit.comm.broadcast(unit.full, unit.comm.global_rank(0))
+        unit.write_back()
+        unit.release()
+
+    def _release_held(self) -> None:
+        held, self._held = self._held, []
+        for u in held:
+            if u.gathered:
+                self._publish(u)
 
     # ------------------------------------------------------------------ partitioning
     @torch.no_grad()
@@ -204,6 +255,64 @@ class Init:
         unit.partition.copy_(unit.own_slice())
         unit.release()
         log.debug("zero.Init partitioned %s: %d elements, %d per rank", type(module).__name__, unit.numel, unit.chunk)
+
+
+# torch calls that read only a tensor's metadata: a released parameter keeps its shape and dtype
+_METADATA = frozenset(
+    {
+        "shape", "dtype", "device", "requires_grad", "is_leaf", "grad", "grad_fn", "ndim", "layout", "names",
+        "is_cuda", "is_meta", "is_sparse", "is_quantized", "is_nested", "size", "dim", "numel", "element_size",
+        "is_floating_point", "is_complex", "requires_grad_", "register_hook", "__hash__", "__eq__",
+    }
+)
+
+
+def _call_name(func: Any) -> str:
+    name = getattr(func, "__name__", "")
+    if name == "__get__":  # a property: Tensor.shape.__get__
+        return str(getattr(getattr(func, "__self__", None), "__name__", name))
+    return str(name)
+
+
+class _GatherOnTouch(TorchFunctionMode):
+    """Inside ``zero.Init``: a torch call on a released partitioned parameter gathers it (module doc)."""
+
+    def __init__(self, init: Init) -> None:
+        super().__init__()
+        self.init = init
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        units: list[FlatUnit] = []
+        if _call_name(func) not in _METADATA:
+            for t in _tensors(args, kwargs):
+                u = unit_of(t)
+                if u is not None and not u.gathered and all(u is not v for v in units):
+                    units.append(u)
+        if not units:
+            return func(*args, **kwargs)
+        for u in units:
+            u.gather()
+        out = func(*args, **kwargs)
+        params = {id(p) for u in units for p in u.params}
+        storages = {u.full.untyped_storage().data_ptr(): u for u in units}
+        for t in _tensors((out,), {}):
+            if id(t) not in params and t.untyped_storage().data_ptr() in storages:
+                self.init._held.append(storages.pop(t.untyped_storage().data_ptr()))  # a view escaped
+        for u in units:
+            if all(u is not h for h in self.init._held):
+                self.init._publish(u)
+        return out
+
+
+def _tensors(args: Any, kwargs: dict[str, Any]) -> Iterable[torch.Tensor]:
+    stack: list[Any] = [*args, *kwargs.values()]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            stack.extend(a)
 
 
 class GatheredParameters:
