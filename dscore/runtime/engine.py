@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from dscore.config.model import DscoreConfig
     from dscore.runtime.runtime import Runtime
 
-__all__ = ["DscoreEngine", "EngineError"]
+__all__ = ["DscoreEngine", "EngineAPIMissing", "EngineError", "LEFT_OUT_APIS"]
 
 log = logging.getLogger("dscore.runtime.engine")
 
@@ -70,6 +70,41 @@ FORWARD, BACKWARD, STEP = "forward", "backward", "step"
 class EngineError(DscoreError, RuntimeError):
     """The engine was used in a way it does not support (backward without an optimizer, step inside
     ``no_sync``, a non-scalar loss, ...)."""
+
+
+# DeepSpeed engine APIs dscore leaves out on purpose: the reason is in docs/engine-api.md ("Left out")
+LEFT_OUT_APIS = frozenset(
+    {
+        "set_train_batch_size",
+        "set_train_micro_batch_size",
+        "deepspeed_io",
+        "offload_states",
+        "reload_states",
+        "has_moe_layers",
+        "get_sequence_parallel_group",
+        "load_universal_checkpoint",
+        "flops_profiler_enabled",
+        "autotuning_enabled",
+        "curriculum_learning_enabled",
+        "data_efficiency_enabled",
+        "random_ltd_enabled",
+        "eigenvalue_enabled",
+        "pld_enabled",
+        "quantize_training",
+        "sparse_gradients_enabled",
+    }
+)
+
+
+class EngineAPIMissing(EngineError, AttributeError):
+    """A DeepSpeed engine API that dscore leaves out (``hasattr`` is False; a call names the docs)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"engine.{name} is a DeepSpeed engine API that dscore does not provide; docs/engine-api.md "
+            "('Left out, with the reason') says why and what to use instead"
+        )
+        self.name = name
 
 
 class DscoreEngine(torch.nn.Module):
@@ -171,7 +206,12 @@ class DscoreEngine(torch.nn.Module):
         except AttributeError:
             module = self.__dict__.get("_modules", {}).get("module")
             if module is not None and name != "module":
-                return getattr(module, name)
+                try:
+                    return getattr(module, name)
+                except AttributeError:
+                    if name in LEFT_OUT_APIS:
+                        raise EngineAPIMissing(name) from None
+                    raise
             raise
 
     # ------------------------------------------------------------------ properties / config accessors

@@ -378,7 +378,13 @@ def _check_args_local_rank(args: Any) -> None:
 
 
 def _config_source(args: Any, config: Any, config_params: Any) -> Any:
-    """Pick the one config source (DeepSpeed's rules 4-7 of ``initialize``)."""
+    """Pick the one config source (DeepSpeed's rules 4-7 of ``initialize``; ``config`` with
+    ``config_params`` is refused too, where DeepSpeed silently ignores ``config_params``)."""
+    if config is not None and config_params is not None:
+        raise InitializeError(
+            "a ds_config was given twice: as config= and as config_params= to dscore.initialize (DeepSpeed would "
+            "silently ignore config_params); pass only one"
+        )
     if config is None:
         config = config_params
     arg_cfg = getattr(args, "deepspeed_config", None) if args is not None else None

@@ -164,8 +164,13 @@ class LRSchedulerBase:
         return {"last_batch_iteration": self.last_batch_iteration}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``t`` only; the groups' lr changes at the next :meth:`step`."""
+        """Restore ``t`` and write the lr at ``t`` into the groups, so ``get_last_lr()`` and the optimizer
+        agree after a load (DeepSpeed restores ``t`` only: its ``get_last_lr()`` keeps the constructor's lr,
+        DeepSpeed #3875). With the optimizer state loaded the groups already hold that lr; without it the
+        first step after the load uses the resumed lr instead of the initial one."""
         self.last_batch_iteration = int(state["last_batch_iteration"])
+        if self.last_batch_iteration >= 0:
+            self._last_lr = _write_lrs(self.optimizer, self.get_lr())
 
 
 class WarmupLR(LRSchedulerBase):
