@@ -31,6 +31,7 @@ expands it on the node with :func:`expand_references`, without any shell.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
@@ -38,6 +39,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from dscore.errors import LauncherError
+
+log = logging.getLogger("dscore.launcher")
 
 __all__ = [
     "EXPORT_PREFIXES",
@@ -131,6 +134,9 @@ def _env_files(environ: Mapping[str, str], cwd: str, home: str) -> list[str]:
     return found
 
 
+_AISC_NODE_LOCAL = ("NCCL_IB_HCA", "UCX_NET_DEVICES")
+
+
 def collect_exports(
     environ: Mapping[str, str],
     *,
@@ -152,9 +158,14 @@ def collect_exports(
     home = os.path.expanduser("~") if home is None else home
     prefixes = tuple(EXPORT_PREFIXES) + tuple(p for p in extra_prefixes if p not in EXPORT_PREFIXES)
     merged: dict[str, EnvVar] = {}
+    # DeepSpeed's runner: on AISC (AISC_JOB_NAME set) the node-specific NIC choices are not exported
+    skip = _AISC_NODE_LOCAL if environ.get("AISC_JOB_NAME") else ()
     for name in sorted(environ):
-        if name.startswith(prefixes):
+        if name.startswith(prefixes) and name not in skip:
             merged[name] = EnvVar(name, environ[name])
+    if skip and any(n in environ for n in skip):
+        left = ", ".join(n for n in skip if n in environ)
+        log.info("AISC_JOB_NAME is set: %s not exported to other nodes (as DeepSpeed)", left)
     pythonpath = environ.get("PYTHONPATH", "")
     merged["PYTHONPATH"] = EnvVar("PYTHONPATH", f"{cwd}:{pythonpath}" if pythonpath else cwd)
     for path in _env_files(environ, cwd, home):

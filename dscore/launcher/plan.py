@@ -31,7 +31,7 @@ from typing import Any
 from dscore.errors import LauncherError
 from dscore.launcher.accel import AcceleratorLaunchInfo, resolve_launch_info
 from dscore.launcher.envfile import collect_exports
-from dscore.launcher.hostfile import Host, load_hostfile
+from dscore.launcher.hostfile import DEFAULT_HOSTFILE, Host, load_hostfile
 from dscore.launcher.local import (
     PidFile,
     ProcessSpec,
@@ -113,19 +113,22 @@ def format_plan(plan: Plan) -> str:
 
 def _local_pool(
     args: argparse.Namespace, accel: AcceleratorLaunchInfo, environ: Mapping[str, str]
-) -> tuple[WorldInfo, str, tuple[str, ...]]:
-    """Pool without a hostfile; returns (pool, include filter, variables to unset in the ranks)."""
+) -> tuple[WorldInfo, str, tuple[str, ...], list[int] | None]:
+    """Pool without a hostfile; returns (pool, include filter, variables to unset in the ranks, and the
+    visible devices that the pool's slots index, or None when slots are device ids)."""
     unset: tuple[str, ...] = ()
     include = args.include
     var = next((v for v in accel.visible_devices_vars if environ.get(v, "").strip()), None)
     visible = environ.get(var, "") if var else ""
     if args.no_ssh and args.num_nodes > 1:
         per_node = args.num_gpus if args.num_gpus >= 1 else accel.device_count()
-        return {f"node{i}": list(range(per_node)) for i in range(args.num_nodes)}, include, unset
+        return {f"node{i}": list(range(per_node)) for i in range(args.num_nodes)}, include, unset, None
     if args.num_nodes > 1:
         raise LauncherError(
-            f"--num_nodes {args.num_nodes} needs a hostfile listing the nodes (-H); without one only this "
-            "machine is available (or use --no_ssh --node_rank R --master_addr A on every node)"
+            f"--num_nodes {args.num_nodes} needs a hostfile listing the nodes: none was given with -H/--hostfile "
+            f"and the default {DEFAULT_HOSTFILE} does not exist, so only this machine is available. Write "
+            f"'<host> slots=<n>' lines to {DEFAULT_HOSTFILE} or pass -H PATH (or use --no_ssh --node_rank R "
+            "--master_addr A on every node)"
         )
     if var and visible:
         unset = (var,)
@@ -136,13 +139,22 @@ def _local_pool(
                 f"{var}={visible!r} is not a comma-separated list of device indices; unset it or give indices"
             ) from None
         if args.include or args.exclude or args.num_nodes > 1 or args.num_gpus >= 0:
-            log.info("%s=%s is ignored because a filter or --num_gpus was given", var, visible)
-        else:
-            include = "localhost:" + ",".join(map(str, slots))
-        return {"localhost": sorted(set(slots) | set(range(max(slots) + 1)))}, include, unset
+            # DeepSpeed #1331: DeepSpeed drops the variable here and pins ranks to physical devices outside
+            # the job's; dscore reads slots (and --num_gpus) as positions in the visible list
+            log.warning(
+                "%s=%s: the slots of --include/--exclude/--num_gpus index this list (localhost:0 is device %d); "
+                "DeepSpeed would ignore the variable and use physical device ids",
+                var,
+                visible,
+                slots[0],
+            )
+            return {"localhost": list(range(len(slots)))}, include, unset, slots
+        log.info("%s=%s: launching on these devices (include localhost:%s)", var, visible, ",".join(map(str, slots)))
+        include = "localhost:" + ",".join(map(str, slots))
+        return {"localhost": sorted(set(slots) | set(range(max(slots) + 1)))}, include, unset, None
     if args.num_gpus >= 1:
-        return {"localhost": list(range(args.num_gpus))}, include, unset
-    return {"localhost": list(range(accel.device_count()))}, include, unset
+        return {"localhost": list(range(args.num_gpus))}, include, unset, None
+    return {"localhost": list(range(accel.device_count()))}, include, unset, None
 
 
 def build_plan(
@@ -181,8 +193,9 @@ def build_plan(
         accel = resolve_launch_info(environ, probe=needs_count or needs_exports)
     unset: tuple[str, ...] = ()
     include = args.include
+    visible_list: list[int] | None = None
     if hosts is None:
-        pool, include, unset = _local_pool(args, accel, environ)
+        pool, include, unset, visible_list = _local_pool(args, accel, environ)
         host_entries: dict[str, Host] = {}
     else:
         pool = {h.name: list(range(h.slots)) for h in hosts}
@@ -192,6 +205,8 @@ def build_plan(
         num_nodes = -1  # the synthetic pool already has exactly num_nodes nodes
     num_gpus = args.num_gpus if not (hosts is None and include != args.include) else -1
     world = select_resources(pool, include=include, exclude=args.exclude, num_nodes=num_nodes, num_gpus=num_gpus)
+    if visible_list is not None:  # positions in the visible-devices list -> the devices themselves
+        world = {h: [visible_list[i] for i in s] for h, s in world.items()}
     multi = (args.force_multi or len(world) > 1) and not args.no_ssh
 
     if args.no_ssh:

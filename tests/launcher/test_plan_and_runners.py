@@ -84,8 +84,9 @@ def test_visible_devices_variable_becomes_include_and_is_reset() -> None:
     assert p.world_info == {"localhost": [1, 3]}
     assert [q.env["CUDA_VISIBLE_DEVICES"] for q in p.processes] == ["1,3", "1,3"]
     assert p.processes[0].unset == ("CUDA_VISIBLE_DEVICES",)
-    p = plan("--num_gpus", "1", "train.py", environ={"CUDA_VISIBLE_DEVICES": "1,3"})  # ignored with a notice
-    assert p.world_info == {"localhost": [0]}
+    # with --num_gpus the slots index the visible list (issue 33 item 6; DeepSpeed would take device 0)
+    p = plan("--num_gpus", "1", "train.py", environ={"CUDA_VISIBLE_DEVICES": "1,3"})
+    assert p.world_info == {"localhost": [1]}
 
 
 def test_cpu_fallback_has_no_visible_devices_variable() -> None:
