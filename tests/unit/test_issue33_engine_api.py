@@ -78,3 +78,34 @@ def test_every_left_out_api_is_in_the_docs_table(repo_root: Path) -> None:
                 "quantize", "sparse")
     for name in LEFT_OUT_APIS:
         assert f"`{name}" in table or name.startswith(prefixes), name
+
+
+# ---------------------------------------------------------------- issue 29 item 9: smaller DeepSpeed differences
+def test_lamb_with_a_static_fp16_loss_scale_is_refused() -> None:
+    from dscore.errors import ConfigError
+
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "Lamb", "params": {"lr": 0.01}},
+        "fp16": {"enabled": True, "loss_scale": 128},
+    }
+    with pytest.raises(ConfigError, match="Lamb requires dynamic loss scaling") as err:
+        dscore.initialize(model=torch.nn.Linear(3, 1), config=config)
+    assert "fp16.loss_scale" in str(err.value)
+    config["fp16"] = {"enabled": True, "loss_scale": 0}
+    engine, *_ = dscore.initialize(model=torch.nn.Linear(3, 1), config=config)
+    engine.close()
+
+
+@pytest.mark.parametrize("zenflow", [{}, {"topk_ratio": 0.1}])
+def test_zenflow_as_deepspeed_enables_it_is_refused_with_sum(zenflow: dict) -> None:
+    from dscore.config import load_config
+    from dscore.errors import ConfigError
+
+    config = {
+        "train_batch_size": 2,
+        "gradient_allreduce_op": "sum",
+        "zero_optimization": {"stage": 2, "zenflow": zenflow},
+    }
+    with pytest.raises(ConfigError, match="zero_optimization.zenflow"):
+        load_config(config, world_size=1)

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dscore.errors import ConfigError
+
 if TYPE_CHECKING:
     from dscore.protocols import OptimizerContext
     from dscore_plugins.optim.config import LambParams
@@ -113,7 +115,19 @@ class Lamb(torch.optim.Optimizer):
 
 
 def build_lamb(param_groups: list[dict[str, Any]], ctx: OptimizerContext[LambParams]) -> Lamb:
-    """OptimizerSpec factory for ``lamb`` (``ctx.section``: the validated ``optimizer.params``)."""
+    """OptimizerSpec factory for ``lamb`` (``ctx.section``: the validated ``optimizer.params``).
+
+    Raises:
+        ConfigError: fp16 with a static ``fp16.loss_scale`` (DeepSpeed: "lamb optimizer requires dynamic
+            loss scaling"; LAMB's trust ratio would see gradients scaled by a constant it cannot undo).
+    """
+    fp16 = ctx.config.section("fp16", None)
+    if fp16 is not None and getattr(fp16, "enabled", False) and float(getattr(fp16, "loss_scale", 0.0)) != 0.0:
+        raise ConfigError(
+            f"optimizer.type Lamb requires dynamic loss scaling, but fp16.loss_scale is {fp16.loss_scale} "
+            "(static); set fp16.loss_scale to 0 (dynamic) as DeepSpeed requires",
+            path="fp16.loss_scale",
+        )
     p = ctx.section
     return Lamb(
         param_groups, lr=p.lr, bias_correction=p.bias_correction, betas=p.betas, eps=p.eps,

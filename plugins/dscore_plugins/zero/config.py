@@ -278,7 +278,8 @@ class ZeroConfig(SectionModel):
             ),
             "mics_hierarchical_params_gather": lambda v: v in (False, None),
             "zeropp_loco_param": lambda v: v in (None, {}, False),
-            "zenflow": lambda v: v in (None, {}, False),
+            # DeepSpeed builds ZenFlowConfig() from {} (ZenFlow on, with defaults): only None/false is inert
+            "zenflow": lambda v: v in (None, False),
         }
         for key, is_inert in inert.items():
             if key not in value:
