@@ -157,7 +157,12 @@ void sync_range(Request& req, int64_t begin, int64_t end) {
         }
         if (n == 0) {
             if (req.is_read) {
-                req.fail(0, pos, end - pos, "short read: the file ends at byte " + std::to_string(off) +
+                // report where the file really ends (fstat), not where this piece started: several
+                // pieces of one request can hit the end, and the first to complete is recorded
+                struct stat st;
+                const int64_t eof = ::fstat(req.fd_buffered, &st) == 0 ? static_cast<int64_t>(st.st_size)
+                                                                        : static_cast<int64_t>(off);
+                req.fail(0, pos, end - pos, "short read: the file ends at byte " + std::to_string(eof) +
                                                 ", inside the requested range");
             } else {
                 req.fail(ENOSPC, pos, end - pos, "the write made no progress");
