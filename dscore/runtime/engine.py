@@ -13,6 +13,8 @@ Semantics (DeepSpeed 0.19.8):
 * ``backward(loss)`` divides the loss by ``gradient_accumulation_steps`` (``scale_wrt_gas``), multiplies
   it by the loss scale (fp16) and hands it to the stage, which accumulates gradients and, at the
   boundary, averages them over the data-parallel group. Returns ``loss / gradient_accumulation_steps``.
+* ``backward`` twice without ``step()`` in between is refused under managed accumulation unless the caller
+  set the boundary (docs/engine-api.md, issue 33); skipped steps are logged at WARNING.
 * ``step()`` is a no-op off the boundary (only ``micro_steps`` advances). At the boundary the stage
   unscales, checks overflow, clips to ``gradient_clipping`` by the global norm, steps the optimizer and
   zeroes gradients; the engine steps the LR scheduler **only when the step was applied**, and counts
