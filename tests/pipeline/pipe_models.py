@@ -217,8 +217,66 @@ def train_pipeline(
 
 
 def train_many(num_stages: int, steps: int, gas: int, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per rank: :func:`train_pipeline` once per keyword set in ``runs``, one process start for all."""
-    return [train_pipeline(num_stages, steps, gas, **kwargs) for kwargs in runs]
+    """Per rank: :func:`train_pipeline` once per keyword set in ``runs`` (``{"random_pairs": True}``:
+    :func:`train_random_pairs`), one process start for all."""
+    return [
+        train_random_pairs(num_stages, steps) if kwargs.get("random_pairs") else train_pipeline(num_stages, steps, gas, **kwargs)
+        for kwargs in runs
+    ]
+
+
+class Scale(torch.nn.Module):
+    """``x * w`` with ``w = 1`` at the start, so the untrained model is the identity."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+
+class RandomPairs(torch.utils.data.Dataset):
+    """Sample ``i`` is ``(r, r)`` for a fresh ``r = random.random()`` (DeepSpeed #3131's dataset): inputs equal
+    labels only when the stages read the same draw."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import random
+
+        r = random.random()
+        return torch.tensor([r]), torch.tensor([r])
+
+
+def mse(out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean squared error."""
+    return ((out - labels) ** 2).mean()
+
+
+def train_random_pairs(num_stages: int, steps: int) -> dict[str, Any]:
+    """Per rank: a ``num_stages`` identity pipeline trained on :class:`RandomPairs` through the engine's own
+    loader (every process seeds ``random`` differently); returns the losses (all 0 when the last stage's
+    labels belong to the first stage's inputs)."""
+    import random
+
+    import torch.distributed as dist
+
+    import dscore
+    from dscore.pipe import PipelineModule
+
+    random.seed(1000 + dist.get_rank())
+    pipe = PipelineModule(layers=[Scale() for _ in range(num_stages)], num_stages=num_stages, loss_fn=mse)
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+    }
+    engine, *_ = dscore.initialize(model=pipe, config=config, training_data=RandomPairs())
+    losses = [float(engine.train_batch()) for _ in range(steps)]
+    engine.close()
+    return {"losses": losses}
 
 
 def train_reference(steps: int, gas: int, dp: int, *, clip: float = 0.0, lr: float = 0.1) -> dict[str, Any]:

@@ -123,6 +123,7 @@ def two_stage_variants() -> list[list[dict[str, Any]]]:
         {"dropout": 0.3, "checkpoint_interval": 1},
         {"bf16": True, "clip": 0.05},
         {"bf16": True, "poison_step": 1},
+        {"random_pairs": True},
     ]
     per_rank = run_distributed(pm.train_many, 2, 2, 2, GAS, runs, timeout=300)
     return [[rank_runs[i] for rank_runs in per_rank] for i in range(len(runs))]
@@ -132,7 +133,7 @@ def test_activation_checkpointing_inside_stages_with_dropout_matches_plain_forwa
     two_stage_variants: list[list[dict[str, Any]]],
 ) -> None:
     """Checkpointing every layer (with dropout: the recompute must replay the RNG) gives the same training."""
-    plain, ckpt, _, _ = two_stage_variants
+    plain, ckpt, _, _, _ = two_stage_variants
     assert all(r["checkpoints"] == 0 for r in plain)
     # stage 0 holds embed + 2 blocks (all with parameters): 3 checkpointed chunks per micro-batch
     assert ckpt[0]["checkpoints"] == 2 * GAS * 3
@@ -148,7 +149,7 @@ def test_activation_checkpointing_inside_stages_with_dropout_matches_plain_forwa
 
 def test_bf16_pipeline_tracks_fp32_reference(two_stage_variants: list[list[dict[str, Any]]]) -> None:
     """bf16 weights and activations crossing stages in bf16, clipped by the global norm: close to fp32."""
-    _, _, bf16, _ = two_stage_variants
+    _, _, bf16, _, _ = two_stage_variants
     ref = pm.train_reference(2, GAS, dp=1, clip=0.05)
     for r in bf16:
         assert r["losses"] == pytest.approx(ref["losses"], abs=5e-3)
@@ -171,6 +172,14 @@ def test_bf16_overflow_on_one_stage_skips_the_step_on_every_stage(
         for idx in first:
             assert first[idx] == second[idx], f"stage {r['stage']} layer {idx} changed in the skipped step"
         assert all(math.isfinite(v) for state in second.values() for t in state.values() for v in _flat(t))
+
+
+def test_pipeline_stages_read_one_sample_stream(two_stage_variants: list[list[dict[str, Any]]]) -> None:
+    """Issue 33 item 2 (DeepSpeed #3131): a dataset drawing ``random.random()`` per sample and a loader on
+    every stage paired the last stage's labels with other samples' inputs (losses > 0). Only the first stage
+    reads the data now and sends the labels on: the identity model's losses are exactly 0."""
+    for r in two_stage_variants[4]:
+        assert r["losses"] == [0.0, 0.0]
 
 
 def _flat(value: Any) -> list[float]:
