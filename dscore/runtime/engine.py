@@ -569,7 +569,8 @@ class DscoreEngine(torch.nn.Module):
         else:
             self.zero_stage_impl.backward(to_backward, boundary=boundary, sync=not self._in_no_sync)
         self._backwards_since_step += 1
-        self._backwards_in_micro_step += 1
+        if not self._in_no_sync:
+            self._backwards_in_micro_step += 1
         if timers is not None:
             timers.stop(BACKWARD)
         return scaled
@@ -581,6 +582,8 @@ class DscoreEngine(torch.nn.Module):
         # never reaches its boundary on time). Under managed accumulation that is refused; a caller that
         # owns boundaries says so with set_gradient_accumulation_boundary() or
         # managed_gradient_accumulation: false.
+        if self._in_no_sync:  # DeepSpeed: no_sync() disables the tracking of accumulation steps
+            return
         if not self._managed or self._boundary_override is not None or self._backwards_in_micro_step == 0:
             return
         raise EngineError(

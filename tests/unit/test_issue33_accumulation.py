@@ -123,6 +123,22 @@ def test_one_backward_per_step_still_accumulates() -> None:
     engine.close()
 
 
+def test_backwards_inside_no_sync_do_not_count_as_micro_steps() -> None:
+    """DeepSpeed's no_sync pattern (step() is illegal inside it): k-1 local backwards, one synced backward,
+    one step(); the accumulation tracking is off inside the context, so nothing is refused."""
+    engine = _engine(0, gas=1)
+    data = _data(3)
+    with engine.no_sync():
+        for x in data[:2]:
+            engine.backward(engine(x).pow(2).mean())
+    engine.backward(engine(data[2]).pow(2).mean())
+    engine.step()
+    assert engine.global_steps == 1
+    for a, b in zip(_params(engine), _reference([data], 1)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    engine.close()
+
+
 # ---------------------------------------------------------------- item 8: skipped steps
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_every_skipped_step_is_a_warning_and_counted(precision: str, caplog: pytest.LogCaptureFixture) -> None:
