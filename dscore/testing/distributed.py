@@ -1,9 +1,15 @@
 """Run a function on N real processes forming a gloo process group on loopback.
 
 The shape follows DeepSpeed's ``DistributedTest`` (tests/unit/common.py): real processes, real
-collectives, failures propagated to the test. Differences: processes are spawned fresh (no fork of a
-process that may hold threads), each rank's exception text and traceback reach pytest, and when one rank
-fails the others are killed at once instead of hanging in a collective.
+collectives, failures propagated to the test. Differences: ranks are forked from a fresh single-purpose
+server process (``multiprocessing``'s forkserver, which has imported torch once and holds no threads of
+the test process), each rank's exception text and traceback reach pytest, and when one rank fails the
+others are killed at once instead of hanging in a collective.
+
+Start method: the forkserver saves importing torch in every rank of every call (about 2-10 s per 2-rank
+job, more on a loaded machine). Each rank still gets the caller's current ``os.environ``, ``sys.path`` and
+working directory, as a spawned process would. ``DSCORE_TEST_START_METHOD=spawn`` starts every rank as a
+fresh interpreter instead.
 """
 
 from __future__ import annotations
@@ -41,7 +47,11 @@ def _worker(
     env: dict[str, str],
     init_process_group: bool,
     results: Any,
+    parent_env: dict[str, str] | None = None,
 ) -> None:
+    if parent_env is not None:  # a forked rank: the caller's environment now, not the server's at its start
+        os.environ.clear()
+        os.environ.update(parent_env)
     os.environ.update(env)
     os.environ.update(
         {
@@ -77,6 +87,25 @@ def _worker(
                 dist.destroy_process_group()
         except Exception:
             pass
+        if parent_env is not None:
+            import atexit
+
+            # a forked rank ends in os._exit(): run the exit hooks a spawned rank's interpreter would run
+            atexit._run_exitfuncs()
+
+
+_FORKSERVER_PRELOAD = ["torch", "torch.distributed"]
+
+
+def _context() -> Any:
+    """The multiprocessing context ranks start from (see the module docstring)."""
+    method = os.environ.get("DSCORE_TEST_START_METHOD", "forkserver")
+    if method not in ("forkserver", "spawn") or method not in mp.get_all_start_methods():
+        method = "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(_FORKSERVER_PRELOAD)  # read when the server starts (first call)
+    return ctx
 
 
 _ADDRESS_IN_USE = ("eaddrinuse", "address already in use")
@@ -131,13 +160,14 @@ def _spawn(
     init_process_group: bool,
 ) -> tuple[dict[int, tuple[str, Any]], list[str]]:
     """One attempt: start the ranks on a fresh port; return ``(outcomes by rank, failure messages)``."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     results = ctx.Queue()
     port = find_free_port()
+    parent_env = dict(os.environ) if ctx.get_start_method() == "forkserver" else None
     procs = [
         ctx.Process(
             target=_worker,
-            args=(rank, world_size, port, fn, args, kwargs, env, init_process_group, results),
+            args=(rank, world_size, port, fn, args, kwargs, env, init_process_group, results, parent_env),
             daemon=True,
         )
         for rank in range(world_size)
