@@ -544,7 +544,9 @@ class DscoreEngine(torch.nn.Module):
             ``loss / gradient_accumulation_steps`` (not multiplied by the loss scale).
 
         Raises:
-            EngineError: there is no optimizer, or ``loss`` is not a scalar.
+            EngineError: there is no optimizer, ``loss`` is not a scalar, or (managed accumulation, no
+                boundary set by the caller, outside ``no_sync``) ``backward`` already ran since the last
+                ``step()``: the micro-batches would be summed into one (issue 33; DeepSpeed sums silently).
         """
         if self.zero_stage_impl.optimizer is None:
             raise EngineError(
