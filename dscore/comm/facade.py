@@ -718,6 +718,29 @@ class Comm:
             return _DONE if async_op else None
         return self._result(dist.broadcast(tensor, src=int(src), group=grp, async_op=async_op), async_op)
 
+    def all_to_all_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, group: Any = None, async_op: bool = False
+    ) -> Work | None:
+        """Equal-split all-to-all along dim 0: chunk ``r`` of ``tensor`` goes to rank ``r``, chunk ``q`` of
+        ``output`` comes from rank ``q`` (dim 0 divisible by the world size, same shapes; Ulysses uses it).
+
+        Raises:
+            ValueError: dim 0 of ``tensor`` does not divide by the group size, or the shapes differ.
+        """
+        grp = self._group(group)
+        world = self.get_world_size(grp)
+        if tensor.shape != output.shape or tensor.shape[0] % world != 0:
+            raise ValueError(
+                f"all_to_all_single needs equal shapes with dim 0 divisible by the group size {world}; got input "
+                f"{tuple(tensor.shape)} and output {tuple(output.shape)}"
+            )
+        if world == 1:
+            if output.data_ptr() != tensor.data_ptr():
+                output.copy_(tensor)
+            return _DONE if async_op else None
+        _require_contiguous(output, "all_to_all_single output")
+        return self._result(dist.all_to_all_single(output, tensor.contiguous(), group=grp, async_op=async_op), async_op)
+
     # ---------------------------------------------------------------- point-to-point
     def send(self, tensor: torch.Tensor, dst: int, *, tag: int = 0, group: Any = None) -> None:
         """Send ``tensor`` to global rank ``dst`` and return once it was handed over (blocking).

@@ -160,11 +160,9 @@ GATED_KEYS: dict[str, KeyPolicy] = {
     "flops_profiler": KeyPolicy("the flops profiler", False, _enabled_effect),
     "autotuning": KeyPolicy("autotuning", False, _enabled_effect),
     "compile": KeyPolicy("DeepCompile", False, _keyed_truthy("deepcompile")),
-    "tensor_parallel": KeyPolicy("automatic tensor parallelism", False, _greater_than_one("autotp_size", "tp_size")),
     "expert_parallel": KeyPolicy("expert parallelism", False, _greater_than_one("ep_size", "expert_parallel_size")),
     "data_efficiency": KeyPolicy("data efficiency (curriculum, random-LTD)", False, _enabled_effect),
     "weight_quantization": KeyPolicy("weight quantization", False, _non_default({})),
-    "sequence_parallel_size": KeyPolicy("sequence parallelism", False, _greater_than_one()),
     "use_data_before_expert_parallelism": KeyPolicy("expert-parallel data ordering", False, _keyed_truthy()),
 }
 
@@ -175,7 +173,7 @@ IGNORED_KEYS: dict[str, str] = {
     # validated by the ops plugin's "aio" section when that plugin is active (dscore.config.aio)
     "aio": "async_io op tuning; the ops plugin that validates it (and runs NVMe offload) is disabled",
     "timers": "DeepSpeed's throughput timer settings",
-    "seq_parallel_communication_data_type": "sequence parallelism is not implemented",
+    "seq_parallel_communication_data_type": "dscore's Ulysses all-to-all runs in the activations' dtype",
     "disable_allgather": "a legacy DeepSpeed switch with no effect on dscore's ZeRO",
     "dump_state": "a DeepSpeed debugging printout",
     "disable_python_gc": "DeepSpeed's garbage-collection tuning",

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, Field, PrivateAttr, StrictBool, create_model, field_validator
 
 from dscore.config.activation_checkpointing import ActivationCheckpointingConfig
+from dscore.config.parallel import TensorParallelConfig
 from dscore.config.base import (
     MODEL_AUTO_FORMULAS,
     NonNegativeFloat,
@@ -223,6 +224,11 @@ class DscoreConfig(SectionModel):
     """dtype options."""
     activation_checkpointing: ActivationCheckpointingConfig = Field(default_factory=ActivationCheckpointingConfig)
     """Settings of :func:`dscore.checkpointing.checkpoint` (applied by ``dscore.initialize``)."""
+    tensor_parallel: TensorParallelConfig = Field(default_factory=TensorParallelConfig)
+    """AutoTP training: Linear layers split over a tensor-parallel group (:mod:`dscore.parallel.autotp`)."""
+    sequence_parallel_size: PositiveInt = 1
+    """Ulysses sequence-parallel degree (:mod:`dscore.parallel.ulysses`); the data-parallel size is
+    world / (sequence_parallel_size x tensor_parallel.autotp_size)."""
     accelerator: str | None = None
     """dscore extension: the accelerator plugin to use (``cpu``, ``cuda``, ...); ``None`` = the
     ``DS_ACCELERATOR`` variable, else automatic selection."""

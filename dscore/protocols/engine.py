@@ -86,10 +86,10 @@ class EngineContext:
         Raises:
             ConfigError: two precision blocks are enabled.
         """
-        from dscore.runtime.initialize import _check_device_dtype, _select_precision
+        from dscore.runtime.assembly import check_device_dtype, select_precision
 
-        precision = _select_precision(self.config, self.runtime.registry)
-        _check_device_dtype(precision, self.runtime.accelerator)
+        precision = select_precision(self.config, self.runtime.registry)
+        check_device_dtype(precision, self.runtime.accelerator)
         return precision
 
     def build_zero_stage(
@@ -107,7 +107,8 @@ class EngineContext:
         Args:
             module: the (device-placed, precision-prepared) module whose parameters the stage owns.
             precision / loss_scaler: from :meth:`select_precision` and ``precision.make_loss_scaler``.
-            comm: the :class:`dscore.comm.Comm` the stage reduces over (default: ``runtime.comm``). A
+            comm: the :class:`dscore.comm.Comm` the stage reduces over (default: the gradient group of the
+                runtime's mesh: the sequence x data ranks, all ranks without tensor/sequence parallelism). A
                 pipeline engine passes ``runtime.comm.bound_to(data_parallel_group)``.
             config: the config the stage reads (default: :attr:`config`); an engine may pass a copy
                 with a key changed (``config.model_copy(update=...)``) when it takes over that duty.
@@ -116,9 +117,9 @@ class EngineContext:
         Raises:
             ConfigError: ZeRO stage 1/2 without an optimizer, or a client optimizer the stage cannot use.
         """
-        from dscore.runtime.initialize import _build_zero_stage
+        from dscore.runtime.assembly import build_zero_stage, mesh_of
 
-        return _build_zero_stage(
+        return build_zero_stage(
             self.runtime,
             self.config if config is None else config,
             module=module,
@@ -126,7 +127,7 @@ class EngineContext:
             client_optimizer=self.client_optimizer,
             precision=precision,
             loss_scaler=loss_scaler,
-            comm=self.runtime.comm if comm is None else comm,
+            comm=mesh_of(self.runtime).grad_comm if comm is None else comm,
         )
 
     def build_lr_scheduler(self, optimizer: Any) -> Any:
@@ -154,9 +155,9 @@ class EngineContext:
 
     def create_monitors(self) -> list[Any]:
         """Every enabled monitor (global rank 0 only; [] elsewhere)."""
-        from dscore.runtime.initialize import _create_monitors
+        from dscore.runtime.assembly import create_monitors
 
-        return _create_monitors(self.config, self.runtime.registry, int(self.runtime.comm.get_rank()))
+        return create_monitors(self.config, self.runtime.registry, int(self.runtime.comm.get_rank()))
 
 
 def __getattr__(name: str) -> Any:

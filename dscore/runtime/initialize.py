@@ -31,22 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dscore.errors import ConfigError, DscoreError, PluginLoadError, PluginValidationError
+from dscore.errors import ConfigError, DscoreError
 from dscore.plugin_manager import create_plugin_manager
-from dscore.protocols.precision import PrecisionMode
-from dscore.protocols.zero import ZeroStage, ZeroStageContext
 from dscore.registry import Registry
-from dscore.runtime.dataloader import DscoreDataLoader
-from dscore.runtime.engine import DscoreEngine
-from dscore.runtime.optimizer_builder import build_lr_scheduler, choose_optimizer
-from dscore.specs import MonitorSpec, PrecisionSpec
+from dscore.runtime.assembly import build_mesh, build_standard_engine, raw_mesh_degrees
 
 if TYPE_CHECKING:
-    from dscore.accelerator import Accelerator
-    from dscore.config.model import DscoreConfig
-    from dscore.runtime.runtime import Runtime
+    from dscore.runtime.engine import DscoreEngine
 
-__all__ = ["initialize", "InitializeError"]
+__all__ = ["initialize", "InitializeError", "build_standard_engine"]
 
 log = logging.getLogger("dscore.runtime.initialize")
 
@@ -84,7 +77,8 @@ def initialize(
         training_data: a map-style dataset; the engine builds a sharded loader over it.
         lr_scheduler: a scheduler instance or ``callable(optimizer) -> scheduler``.
         distributed_port: rendezvous port when the environment does not give ``MASTER_PORT``.
-        mpu: model-parallel unit; not supported yet (only data parallelism).
+        mpu: a :class:`dscore.parallel.ParallelMesh` built before ``initialize`` (as
+            ``UlyssesSPAttentionHF.register_with_transformers`` returns); its sizes must equal the config's.
         dist_init_required: None = create the process group when none exists; False = one must exist.
         collate_fn: merges samples into a batch for the training loader.
         config: ds_config as a dict, a path, or url-safe base64 text.
@@ -115,11 +109,6 @@ def initialize(
         raise InitializeError(f"dscore.initialize requires a model{hint}")
     if not isinstance(model, torch.nn.Module):
         raise InitializeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if mpu is not None:
-        raise InitializeError(
-            "mpu= (model parallelism) is not supported by dscore yet; only data parallelism is available"
-        )
-
     _check_args_local_rank(args)
 
     # 1-2. config, validated before any process-group work
@@ -140,6 +129,13 @@ def initialize(
     if model_grid is not None and hasattr(model_grid, "get_data_parallel_world_size"):
         world_size = int(model_grid.get_data_parallel_world_size())
         world_source = f"the data-parallel size {world_size} of the model's pipeline topology"
+    else:
+        tp, sp = raw_mesh_degrees(data)
+        if tp * sp > 1:
+            from dscore.parallel.mesh import MeshShape
+
+            shape = MeshShape.of(world_size, tp=tp, sp=sp, source=world_source)
+            world_size, world_source = shape.dp, f"{world_source} / (tp {tp} x sp {sp})"
     cfg = load_config(
         data,
         world_size=world_size,
@@ -168,6 +164,12 @@ def initialize(
         from dscore import checkpointing
 
         checkpointing.configure(deepspeed_config=cfg, accelerator=runtime.accelerator)
+    if model_grid is not None and (cfg.tensor_parallel.size > 1 or cfg.sequence_parallel_size > 1):
+        raise ConfigError(
+            "tensor_parallel.autotp_size / sequence_parallel_size cannot be combined with a pipeline model yet",
+            path="tensor_parallel.autotp_size" if cfg.tensor_parallel.size > 1 else "sequence_parallel_size",
+        )
+    runtime.mesh = build_mesh(runtime, cfg, mpu=mpu)
     from dscore.runtime.context import use_runtime
 
     with use_runtime(runtime):
@@ -194,164 +196,9 @@ def initialize(
         return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 
-def build_standard_engine(ctx: Any) -> DscoreEngine:
-    """The standard engine's factory (registered by the built-in ``engine`` plugin as ``standard``).
-
-    Builds the :class:`DscoreEngine` for any ``torch.nn.Module`` from an
-    :class:`dscore.protocols.EngineContext`: precision, optimizer, ZeRO stage, LR scheduler, data
-    loader and monitors (see the module docstring for the order).
-    """
-    engine, _, _, _ = _assemble(
-        ctx.runtime,
-        ctx.config,
-        model=ctx.model,
-        client_optimizer=ctx.client_optimizer,
-        model_parameters=ctx.model_parameters,
-        training_data=ctx.training_data,
-        client_lr_scheduler=ctx.client_lr_scheduler,
-        collate_fn=ctx.collate_fn,
-    )
-    return engine
-
-
-def _assemble(
-    runtime: Runtime,
-    cfg: DscoreConfig,
-    *,
-    model: torch.nn.Module,
-    client_optimizer: Any,
-    model_parameters: Iterable[Any] | None,
-    training_data: Any,
-    client_lr_scheduler: Any,
-    collate_fn: Any,
-) -> tuple[DscoreEngine, Any, Any, Any]:
-    registry, accelerator, comm = runtime.registry, runtime.accelerator, runtime.comm
-    rank = int(comm.get_rank())
-    dp_world = int(comm.get_world_size())
-
-    # 4. precision and module placement
-    precision = _select_precision(cfg, registry)
-    _check_device_dtype(precision, accelerator)
-    model.to(accelerator.device())
-    module = precision.prepare_module(model) or model
-    stage_number = int(cfg.zero_stage)
-    loss_scaler = precision.make_loss_scaler(zero_stage=stage_number)
-
-    # 5. optimizer, ZeRO stage, scheduler
-    choice = choose_optimizer(cfg, registry, client_optimizer)
-    zero_stage = _build_zero_stage(
-        runtime,
-        cfg,
-        module=module,
-        model_parameters=model_parameters,
-        client_optimizer=client_optimizer,
-        precision=precision,
-        loss_scaler=loss_scaler,
-        comm=comm,
-    )
-    scheduler = build_lr_scheduler(
-        cfg, registry, zero_stage.optimizer if choice.has_optimizer else None, client_lr_scheduler
-    )
-
-    # 6. data, monitors, engine
-    loader = None
-    if training_data is not None:
-        loader = DscoreDataLoader(
-            training_data,
-            batch_size=int(cfg.train_micro_batch_size_per_gpu),
-            dp_world_size=dp_world,
-            dp_rank=rank,
-            collate_fn=collate_fn,
-            drop_last=cfg.dataloader_drop_last,
-            pin_memory=getattr(accelerator, "device_type", "cpu") != "cpu",
-        )
-    monitors = _create_monitors(cfg, registry, rank)
-    engine = DscoreEngine(
-        module=module,
-        config=cfg,
-        runtime=runtime,
-        zero_stage=zero_stage,
-        precision=precision,
-        loss_scaler=loss_scaler,
-        lr_scheduler=scheduler,
-        training_dataloader=loader,
-        monitors=monitors,
-        rank=rank,
-        dp_world_size=dp_world,
-    )
-    log.info(
-        "engine ready: ZeRO stage %d, precision %s, optimizer %s, scheduler %s, world %d, micro batch %d, "
-        "gradient accumulation %d",
-        stage_number,
-        precision.name,
-        choice.description,
-        type(scheduler).__name__ if scheduler is not None else "none",
-        dp_world,
-        cfg.train_micro_batch_size_per_gpu,
-        cfg.gradient_accumulation_steps,
-    )
-    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
-
-
 # ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
-def _build_zero_stage(
-    runtime: Runtime,
-    cfg: DscoreConfig,
-    *,
-    module: torch.nn.Module,
-    model_parameters: Iterable[Any] | None,
-    client_optimizer: Any,
-    precision: PrecisionMode,
-    loss_scaler: Any,
-    comm: Any,
-) -> ZeroStage:
-    """The ZeRO stage plugin object for ``cfg.zero_stage`` over ``module``, reducing over ``comm``.
-
-    Raises:
-        ConfigError: ZeRO stage 1 or 2 without an optimizer, or a client optimizer it cannot use.
-    """
-    registry = runtime.registry
-    stage_number = int(cfg.zero_stage)
-    param_groups = _param_groups(module, model_parameters, client_optimizer)
-    choice = choose_optimizer(cfg, registry, client_optimizer, runtime=runtime)
-    if stage_number in (1, 2) and not choice.has_optimizer:
-        raise ConfigError(
-            f"ZeRO stage {stage_number} requires an optimizer (it partitions optimizer state): set optimizer.type "
-            "in ds_config or pass optimizer= to dscore.initialize, or use zero_optimization.stage 0 or 3",
-            path="zero_optimization.stage",
-        )
-    section = cfg.section("zero_optimization")
-    stage_spec = registry.zero_stage(stage_number, implementation=section.implementation)
-    stage_cls = registry.load(stage_spec)
-    missing = sorted(getattr(stage_cls, "__abstractmethods__", ()))
-    if missing:
-        record = registry.provider(stage_spec)
-        raise PluginLoadError(
-            f"plugin {record.label()}: ZeRO stage {stage_spec.name!r} ({stage_spec.factory}) does not implement "
-            f"{', '.join(missing)} of dscore.protocols.ZeroStage; implement them (see CONTRIBUTING.md, "
-            "'Write a ZeRO stage') or disable the plugin with DSCORE_DISABLE_PLUGINS=" + record.name,
-            plugin=record.name,
-            distribution=record.distribution,
-            version=record.version,
-        )
-    ctx = ZeroStageContext(
-        module=module,
-        param_groups=param_groups,
-        client_optimizer=choice.client_optimizer,
-        optimizer_factory=choice.factory,
-        config=cfg,
-        section=section,
-        runtime=runtime,
-        comm=comm,
-        precision=precision,
-        loss_scaler=loss_scaler,
-    )
-    zero_stage: ZeroStage = stage_cls(ctx)
-    return zero_stage
-
-
 def _check_args_local_rank(args: Any) -> None:
     """DeepSpeed's check: a non-negative ``args.local_rank`` must equal the launcher's ``LOCAL_RANK``.
 
@@ -426,203 +273,3 @@ def _data_parallel_world_size(distributed_port: int) -> tuple[int, str]:
     return env.world_size, f"world size {env.world_size} discovered from the environment ({env.source})"
 
 
-def _select_precision(cfg: DscoreConfig, registry: Registry) -> PrecisionMode:
-    """The precision whose ``config_key`` block has ``enabled: true``, else the default (``config_key=None``).
-
-    Raises:
-        ConfigError: two precision blocks are enabled.
-        ComponentNotFoundError: no default precision is registered.
-    """
-    enabled: list[PrecisionSpec] = []
-    default: PrecisionSpec | None = None
-    for spec in registry.specs("precision"):
-        assert isinstance(spec, PrecisionSpec)
-        if spec.config_key is None:
-            default = default or spec
-            continue
-        if _block_enabled(cfg, spec, registry):
-            enabled.append(spec)
-    if len(enabled) > 1:
-        keys = " and ".join(f"{s.config_key}.enabled" for s in enabled)
-        raise ConfigError(
-            f"{keys} are both true; enable at most one precision mode", path=f"{enabled[0].config_key}.enabled"
-        )
-    chosen = enabled[0] if enabled else default
-    if chosen is None:
-        chosen = registry.get_typed(PrecisionSpec, "fp32", config_path="fp16.enabled/bf16.enabled")
-    return _build_precision(chosen, cfg, registry)
-
-
-def _build_precision(spec: PrecisionSpec, cfg: DscoreConfig, registry: Registry) -> PrecisionMode:
-    """``spec``'s factory called with a :class:`~dscore.protocols.PrecisionContext` (its validated block)."""
-    from dscore.protocols.context import PrecisionContext
-    from dscore.runtime.context import current_runtime
-
-    section = cfg.section(spec.config_key) if spec.config_key else None
-    ctx = PrecisionContext(config=cfg, section=section, runtime=current_runtime(), path=spec.config_key or "")
-    mode = registry.load(spec)(ctx)
-    assert isinstance(mode, PrecisionMode), f"{spec.factory} did not build a PrecisionMode"
-    return mode
-
-
-def _check_device_dtype(precision: PrecisionMode, accelerator: Accelerator) -> None:
-    """Warn when fp16/bf16 is enabled on a device that reports no native support for it.
-
-    DeepSpeed refuses (``ValueError "Type fp16 is not supported on your device."``); dscore only warns,
-    because torch still computes correctly there (e.g. fp16 on CPUs without AVX512-FP16, just slowly),
-    which keeps fp16 configs testable on any machine.
-    """
-    name = precision.name
-    check = {"fp16": "is_fp16_supported", "bf16": "is_bf16_supported"}.get(name)
-    if check and hasattr(accelerator, check) and not getattr(accelerator, check)():
-        log.warning(
-            "%s is enabled but the %s accelerator reports no native %s support; expect slow emulated math",
-            name,
-            getattr(accelerator, "device_type", "?"),
-            name,
-        )
-
-
-def _param_groups(
-    module: torch.nn.Module, model_parameters: Iterable[Any] | None, client_optimizer: Any = None
-) -> list[dict[str, Any]]:
-    """The parameter-group structure the ZeRO stage partitions and the optimizer steps.
-
-    * A client optimizer *instance* defines the structure, as in DeepSpeed (its ZeRO wrappers read
-      ``optimizer.param_groups``; ``model_parameters`` only feeds optimizers built from the config or
-      a callable). Group ``i`` of the result is group ``i`` of the client optimizer: same
-      hyper-parameters, same parameters minus frozen ones. Empty and all-frozen groups are *kept* (with
-      ``params: []``) so per-group lists in a client scheduler (``LambdaLR`` lambdas, ``base_lrs``) and
-      ``get_lr()`` keep lining up with the groups the user built.
-    * Otherwise ``model_parameters`` (default: the module's parameters) is normalised: an iterable of
-      group dicts keeps every group (frozen parameters dropped, empty groups kept); an iterable of
-      tensors or ``(name, tensor)`` pairs becomes one group of its trainable tensors (none: ``[]``).
-
-    Raises:
-        ConfigError: an element of ``model_parameters`` is none of these; a group dict has no
-            ``params``; a client optimizer holds a tensor that is not a parameter of the model (names
-            the group and position).
-    """
-    if isinstance(client_optimizer, torch.optim.Optimizer):
-        return _client_optimizer_groups(module, client_optimizer, model_parameters)
-    source = module.parameters() if model_parameters is None else model_parameters
-    items = list(source)
-    if not items:
-        return []
-    if all(isinstance(x, dict) for x in items):
-        groups = []
-        for gi, g in enumerate(items):
-            if "params" not in g:
-                raise ConfigError(
-                    f"model_parameters group {gi} has no 'params' key; each group dict needs 'params' "
-                    "(a list of tensors) plus optional hyper-parameters such as 'lr'"
-                )
-            raw = g["params"]
-            raw = [raw] if isinstance(raw, torch.Tensor) else list(raw)
-            groups.append({**g, "params": [p for p in raw if p.requires_grad]})
-        return groups
-    params: list[torch.Tensor] = []
-    for x in items:
-        if isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], torch.Tensor):
-            x = x[1]
-        if not isinstance(x, torch.Tensor):
-            raise ConfigError(
-                f"model_parameters must hold tensors, (name, tensor) pairs or parameter-group dicts; got {type(x).__name__}"
-            )
-        if x.requires_grad:
-            params.append(x)
-    return [{"params": params}] if params else []
-
-
-def _client_optimizer_groups(
-    module: torch.nn.Module, optimizer: torch.optim.Optimizer, model_parameters: Iterable[Any] | None
-) -> list[dict[str, Any]]:
-    """Groups mirroring ``optimizer.param_groups`` (see :func:`_param_groups`)."""
-    owned = {id(p) for p in module.parameters()}
-    groups: list[dict[str, Any]] = []
-    for gi, g in enumerate(optimizer.param_groups):
-        for pos, p in enumerate(g["params"]):
-            if id(p) not in owned:
-                raise ConfigError(
-                    f"the client optimizer's param_groups[{gi}] holds a tensor (position {pos}, shape "
-                    f"{tuple(p.shape)}) that is not a parameter of the model passed to dscore.initialize; build "
-                    "the optimizer over the model's own parameters (model.parameters() or groups of them)"
-                )
-        groups.append({**g, "params": [p for p in g["params"] if p.requires_grad]})
-    if model_parameters is not None:
-        given = {id(p) for p in _flat_tensors(model_parameters)}
-        held = {id(p) for g in groups for p in g["params"]}
-        if given and given != held:
-            log.warning(
-                "model_parameters and the client optimizer hold different parameters; the client optimizer's "
-                "param_groups decide what is trained (as in DeepSpeed)"
-            )
-    return groups
-
-
-def _flat_tensors(model_parameters: Iterable[Any]) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for x in model_parameters:
-        if isinstance(x, dict):
-            raw = x.get("params", [])
-            out.extend([raw] if isinstance(raw, torch.Tensor) else list(raw))
-        elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], torch.Tensor):
-            out.append(x[1])
-        elif isinstance(x, torch.Tensor):
-            out.append(x)
-    return [p for p in out if p.requires_grad]
-
-
-def _create_monitors(cfg: DscoreConfig, registry: Registry, rank: int) -> list[Any]:
-    """Every monitor whose config block is enabled, on global rank 0 only (DeepSpeed's ``MonitorMaster``).
-
-    Raises:
-        PluginValidationError: a monitor's ``config_key`` names no registered section, or a section model
-            without an ``enabled`` field (checked on every rank, before anything is built).
-    """
-    enabled = [s for s in registry.specs("monitor") if isinstance(s, MonitorSpec) and _block_enabled(cfg, s, registry)]
-    if rank != 0:
-        return []
-    from dscore.protocols.context import MonitorContext
-    from dscore.runtime.context import current_runtime
-
-    runtime = current_runtime()
-    out = []
-    for spec in enabled:
-        assert isinstance(spec, MonitorSpec)
-        block = cfg.section(spec.config_key)
-        ctx = MonitorContext(config=cfg, section=block, runtime=runtime, path=spec.config_key)
-        out.append(registry.load(spec)(ctx))
-        log.info("monitor %s enabled (%s)", spec.name, spec.config_key)
-    return out
-
-
-def _block_enabled(cfg: DscoreConfig, spec: MonitorSpec | PrecisionSpec, registry: Registry) -> bool:
-    """``<spec.config_key>.enabled`` for a monitor or precision spec: the rule is that the block a
-    component is switched on by is a registered section whose model has an ``enabled`` field (a section
-    with required fields that the user left out counts as not enabled).
-
-    Raises:
-        PluginValidationError: the section is not registered, or its model has no ``enabled`` field
-            (either would silently never build the component); names the plugin, spec and section.
-    """
-    key = spec.config_key
-    assert key is not None
-    fields = type(cfg).model_fields
-    what = f"{spec.kind.replace('_', ' ')} {spec.name!r}"
-    if key not in fields:
-        record = registry.provider(spec)
-        raise PluginValidationError(
-            f"plugin {record.label()}: {what} is switched on by ds_config section {key!r} (config_key), but no "
-            f"active plugin registers that section; register a ConfigSectionSpec(name={key!r}, model=...) with "
-            f"an `enabled: bool` field, or disable the plugin with DSCORE_DISABLE_PLUGINS={record.name}"
-        )
-    block = cfg.section(key)
-    if block is not None and "enabled" not in type(block).model_fields:
-        record = registry.provider(spec)
-        raise PluginValidationError(
-            f"plugin {record.label()}: {what} is switched on by {key}.enabled, but the model of ds_config "
-            f"section {key!r} ({type(block).__name__}) has no 'enabled' field, so it could never be enabled; "
-            "add `enabled: bool = False` to the section model"
-        )
-    return block is not None and bool(block.enabled)

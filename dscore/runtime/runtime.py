@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from dscore.comm.env import DistributedEnv
     from dscore.comm.facade import Comm
     from dscore.config.model import DscoreConfig
+    from dscore.parallel.mesh import ParallelMesh
     from dscore.plugin_manager import DscorePluginManager
     from dscore.registry import Registry
 
@@ -46,6 +47,8 @@ class Runtime:
     accelerator_reason: str
     comm: Comm
     env: DistributedEnv
+    mesh: ParallelMesh | None = None
+    """The parallel mesh (data x sequence x tensor) ``dscore.initialize`` built; None before."""
 
     @classmethod
     def create(

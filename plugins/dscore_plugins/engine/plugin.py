@@ -18,7 +18,7 @@ def dscore_register_engines() -> list[EngineSpec]:
         EngineSpec(
             name="standard",
             predicate="dscore_plugins.engine.standard:handles",
-            factory="dscore.runtime.initialize:build_standard_engine",
+            factory="dscore.runtime.assembly:build_standard_engine",
             priority=0,
             description="data parallelism with ZeRO stages 0-3 for any torch.nn.Module",
         ),

@@ -1,4 +1,4 @@
-"""The standard engine's predicate (its factory is ``dscore.runtime.initialize:build_standard_engine``)."""
+"""The standard engine's predicate (its factory is ``dscore.runtime.assembly:build_standard_engine``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,245 @@
+"""One device mesh for the parallel dimensions of a run: data x sequence x tensor.
+
+Rank layout (tensor fastest, then sequence, then data, as DeepSpeed and Megatron place them so that a
+tensor-parallel group is the closest ranks)::
+
+    global_rank = (dp_rank * sp_size + sp_rank) * tp_size + tp_rank
+
+Groups built (every rank creates every group, in the same order, as ``torch.distributed.new_group``
+requires): the tensor-parallel groups (same dp and sp index), the sequence-parallel groups (same dp and
+tp index), the data-parallel groups (same sp and tp index) and the *gradient* groups (same tp index: the
+sequence x data ranks), over which the ZeRO stage reduces gradients and partitions state. Replicated
+parameters of a sequence-parallel model see a different part of the sequence on each sp rank, so their
+gradients are averaged over sp x dp; tensor-parallel shards differ across tp ranks and are never reduced
+over tp.
+
+The expert dimension (MoE) is meant to be added here as another factor of the same layout.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from dscore.errors import ConfigError
+
+__all__ = ["MeshShape", "ParallelMesh"]
+
+log = logging.getLogger("dscore.parallel.mesh")
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Sizes of the dimensions: ``world = dp x sp x tp``.
+
+    Raises (from :meth:`of`):
+        ConfigError: ``tp x sp`` does not divide the world size (names both keys and the world).
+    """
+
+    world: int
+    tp: int = 1
+    sp: int = 1
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel size ``world / (tp x sp)``."""
+        return self.world // (self.tp * self.sp)
+
+    @classmethod
+    def of(cls, world: int, *, tp: int = 1, sp: int = 1, source: str = "") -> MeshShape:
+        """Check and build the shape of ``world`` ranks with ``tp`` tensor- and ``sp`` sequence-parallel ranks."""
+        tp, sp = max(1, int(tp)), max(1, int(sp))
+        if world % (tp * sp) != 0:
+            where = f" ({source})" if source else ""
+            raise ConfigError(
+                f"tensor_parallel.autotp_size ({tp}) x sequence_parallel_size ({sp}) = {tp * sp} does not divide the "
+                f"world size {world}{where}; launch a multiple of {tp * sp} processes or lower the degrees",
+                path="tensor_parallel.autotp_size" if tp > 1 else "sequence_parallel_size",
+            )
+        return cls(world=world, tp=tp, sp=sp)
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """``(dp_rank, sp_rank, tp_rank)`` of global ``rank``."""
+        return rank // (self.sp * self.tp), (rank // self.tp) % self.sp, rank % self.tp
+
+    def rank_of(self, dp: int, sp: int, tp: int) -> int:
+        """The global rank at mesh coordinates ``(dp, sp, tp)``."""
+        return (dp * self.sp + sp) * self.tp + tp
+
+    def tp_ranks(self, rank: int) -> list[int]:
+        """Global ranks of ``rank``'s tensor-parallel group."""
+        d, s, _ = self.coords(rank)
+        return [self.rank_of(d, s, t) for t in range(self.tp)]
+
+    def sp_ranks(self, rank: int) -> list[int]:
+        """Global ranks of ``rank``'s sequence-parallel group."""
+        d, _, t = self.coords(rank)
+        return [self.rank_of(d, s, t) for s in range(self.sp)]
+
+    def dp_ranks(self, rank: int) -> list[int]:
+        """Global ranks of ``rank``'s data-parallel group."""
+        _, s, t = self.coords(rank)
+        return [self.rank_of(d, s, t) for d in range(self.dp)]
+
+    def grad_ranks(self, rank: int) -> list[int]:
+        """Global ranks gradients of ``rank`` are reduced over: its sequence x data ranks (same tp index)."""
+        _, _, t = self.coords(rank)
+        return [self.rank_of(d, s, t) for d in range(self.dp) for s in range(self.sp)]
+
+
+@dataclass
+class ParallelMesh:
+    """The groups of one run's mesh, and a :class:`dscore.comm.Comm` bound to each.
+
+    Build it with :meth:`create` (collective: every rank of ``comm`` calls it). A dimension spanning the
+    whole world reuses ``comm`` itself; a tensor or sequence dimension of size 1 has no comm (None) and no
+    process group (the data and gradient dimensions always have one: the ZeRO stage reduces over it).
+
+    Attributes:
+        shape: the :class:`MeshShape`.
+        rank: this process's global rank; ``dp_rank`` / ``sp_rank`` / ``tp_rank`` its coordinates.
+        tp_comm / sp_comm / dp_comm / grad_comm: facades bound to this rank's groups.
+    """
+
+    shape: MeshShape
+    rank: int
+    tp_comm: Any
+    sp_comm: Any
+    dp_comm: Any
+    grad_comm: Any
+    _owned: list[Any] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def create(cls, comm: Any, *, tp: int = 1, sp: int = 1) -> ParallelMesh:
+        """Build the mesh of ``comm``'s world with ``tp`` x ``sp`` model-parallel ranks (collective).
+
+        Raises:
+            ConfigError: ``tp x sp`` does not divide the world size.
+        """
+        world, rank = int(comm.get_world_size()), int(comm.get_rank())
+        shape = MeshShape.of(world, tp=tp, sp=sp)
+        comms: dict[str, Any] = {}
+        owned: list[Any] = []
+        kinds = (("tp", shape.tp_ranks), ("sp", shape.sp_ranks), ("dp", shape.dp_ranks), ("grad", shape.grad_ranks))
+        for name, ranks_of in kinds:
+            mine = ranks_of(rank)
+            if len(mine) == world:
+                comms[name] = comm
+                continue
+            if len(mine) == 1 and name in ("tp", "sp"):
+                comms[name] = None  # an unused model-parallel dimension needs no group (none per rank)
+                continue
+            # every rank creates every group of this kind, in global order (torch's new_group rule)
+            seen: list[list[int]] = []
+            for r in range(world):
+                ranks = ranks_of(r)
+                if ranks in seen:
+                    continue
+                seen.append(ranks)
+                group = comm.new_group(ranks)
+                owned.append(group)
+                if rank in ranks:
+                    comms[name] = comm.bound_to(group)
+        mesh = cls(shape, rank, comms["tp"], comms["sp"], comms["dp"], comms["grad"], owned)
+        log.info(
+            "mesh: world %d = dp %d x sp %d x tp %d; rank %d at %s",
+            world,
+            shape.dp,
+            shape.sp,
+            shape.tp,
+            rank,
+            shape.coords(rank),
+        )
+        return mesh
+
+    @property
+    def tp_size(self) -> int:
+        """Tensor-parallel degree."""
+        return self.shape.tp
+
+    @property
+    def sp_size(self) -> int:
+        """Sequence-parallel degree."""
+        return self.shape.sp
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel degree ``world / (tp x sp)``."""
+        return self.shape.dp
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index along the data dimension."""
+        return self.shape.coords(self.rank)[0]
+
+    @property
+    def sp_rank(self) -> int:
+        """This rank's index inside its sequence-parallel group."""
+        return self.shape.coords(self.rank)[1]
+
+    @property
+    def tp_rank(self) -> int:
+        """This rank's index inside its tensor-parallel group."""
+        return self.shape.coords(self.rank)[2]
+
+    # DeepSpeed's mpu interface (``deepspeed.initialize(mpu=...)`` and ``deepspeed.utils.groups``)
+    def get_tensor_model_parallel_group(self) -> Any:
+        """The tensor-parallel process group (None when it is the default group or has one rank)."""
+        return None if self.tp_comm is None else self.tp_comm.group
+
+    def get_tensor_model_parallel_world_size(self) -> int:
+        """Tensor-parallel degree."""
+        return self.tp_size
+
+    def get_tensor_model_parallel_rank(self) -> int:
+        """Rank inside the tensor-parallel group."""
+        return self.tp_rank
+
+    def get_model_parallel_world_size(self) -> int:
+        """Tensor-parallel degree (DeepSpeed's model-parallel size)."""
+        return self.tp_size
+
+    def get_model_parallel_rank(self) -> int:
+        """Rank inside the tensor-parallel group."""
+        return self.tp_rank
+
+    def get_sequence_parallel_group(self) -> Any:
+        """The sequence-parallel process group (None when it is the default group or has one rank)."""
+        return None if self.sp_comm is None else self.sp_comm.group
+
+    def get_sequence_parallel_world_size(self) -> int:
+        """Sequence-parallel degree."""
+        return self.sp_size
+
+    def get_sequence_parallel_rank(self) -> int:
+        """Rank inside the sequence-parallel group."""
+        return self.sp_rank
+
+    def get_data_parallel_group(self) -> Any:
+        """The data-parallel process group (None when it is the default group)."""
+        return None if self.dp_comm is None else self.dp_comm.group
+
+    def get_data_parallel_world_size(self) -> int:
+        """Data-parallel degree."""
+        return self.dp_size
+
+    def get_data_parallel_rank(self) -> int:
+        """Rank along the data dimension."""
+        return self.dp_rank
+
+    def get_sequence_data_parallel_group(self) -> Any:
+        """The group gradients are reduced over (sequence x data ranks)."""
+        return None if self.grad_comm is None else self.grad_comm.group
+
+    def get_sequence_data_parallel_world_size(self) -> int:
+        """``sp x dp``."""
+        return self.sp_size * self.dp_size
+
+    def get_sequence_data_parallel_rank(self) -> int:
+        """Rank inside the sequence x data group."""
+        return self.dp_rank * self.sp_size + self.sp_rank
+
+    def matches(self, *, tp: int, sp: int, world: int) -> bool:
+        """Whether this mesh has these sizes."""
+        return (self.shape.tp, self.shape.sp, self.shape.world) == (max(1, tp), max(1, sp), world)
