@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--world-size",
         type=int,
         default=None,
-        help="data-parallel world size for the batch triangle (default: $WORLD_SIZE, else 1)",
+        help="number of processes (default: $WORLD_SIZE, else 1); the batch triangle uses the data-parallel "
+        "size: this divided by tensor_parallel.autotp_size x sequence_parallel_size",
     )
     check.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     check.add_argument("--lenient", action="store_true", help='unknown keys are warnings (like "strict": false)')
@@ -61,6 +62,8 @@ def summary(cfg: DscoreConfig) -> dict[str, Any]:
         "optimizer_type": cfg.optimizer.type if cfg.optimizer is not None else None,
         "scheduler_type": cfg.scheduler.type if cfg.scheduler is not None else None,
         "gradient_clipping": cfg.gradient_clipping,
+        "tensor_parallel_size": cfg.tensor_parallel.size,
+        "sequence_parallel_size": cfg.sequence_parallel_size,
         "offload_optimizer_device": _offload_device(zero, "offload_optimizer"),
         "offload_param_device": _offload_device(zero, "offload_param"),
         "pending_auto": cfg.pending_auto,
@@ -100,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         world_size, where = _world_size(args)
+        from dscore.config.loader import read_source
+        from dscore.parallel.mesh import MeshShape, raw_mesh_degrees
+
+        tp, sp = raw_mesh_degrees(read_source(args.file)[0])
+        if tp * sp > 1:  # as dscore.initialize: the batch triangle counts data-parallel ranks
+            world_size = MeshShape.of(world_size, tp=tp, sp=sp, source=where).dp
+            where = f"{where} / (tp {tp} x sp {sp})"
         cfg = load_config(
             args.file, world_size=world_size, strict=False if args.lenient else None, world_size_source=where
         )

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, Field, PrivateAttr, StrictBool, create_model, field_validator
 
 from dscore.config.activation_checkpointing import ActivationCheckpointingConfig
-from dscore.config.parallel import TensorParallelConfig
 from dscore.config.base import (
     MODEL_AUTO_FORMULAS,
     NonNegativeFloat,
@@ -23,6 +22,7 @@ from dscore.config.base import (
     PositiveInt,
     SectionModel,
 )
+from dscore.config.parallel import TensorParallelConfig
 from dscore.errors import ConfigError, PluginConflictError, PluginLoadError
 from dscore.specs import ConfigSectionSpec
 
@@ -224,7 +224,7 @@ class DscoreConfig(SectionModel):
     """dtype options."""
     activation_checkpointing: ActivationCheckpointingConfig = Field(default_factory=ActivationCheckpointingConfig)
     """Settings of :func:`dscore.checkpointing.checkpoint` (applied by ``dscore.initialize``)."""
-    tensor_parallel: TensorParallelConfig = Field(default_factory=TensorParallelConfig)
+    tensor_parallel: TensorParallelConfig = TensorParallelConfig()
     """AutoTP training: Linear layers split over a tensor-parallel group (:mod:`dscore.parallel.autotp`)."""
     sequence_parallel_size: PositiveInt = 1
     """Ulysses sequence-parallel degree (:mod:`dscore.parallel.ulysses`); the data-parallel size is

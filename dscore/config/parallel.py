@@ -128,7 +128,7 @@ class PartitionConfig(SectionModel):
 class TensorParallelConfig(SectionModel):
     """``tensor_parallel``: AutoTP training (Linear layers split over a tensor-parallel group)."""
 
-    autotp_size: StrictInt = Field(0, ge=0)
+    autotp_size: StrictInt = Field(default=0, ge=0)
     """Tensor-parallel degree; 0 or 1 = off. Must divide the world size (with ``sequence_parallel_size``)."""
     tp_overlap_comm: StrictBool = False
     """Accepted only as false (dscore's row all-reduce is not overlapped)."""

@@ -24,9 +24,22 @@ from typing import Any
 
 from dscore.errors import ConfigError
 
-__all__ = ["MeshShape", "ParallelMesh"]
+__all__ = ["MeshShape", "ParallelMesh", "raw_mesh_degrees"]
 
 log = logging.getLogger("dscore.parallel.mesh")
+
+
+def raw_mesh_degrees(data: dict[str, Any]) -> tuple[int, int]:
+    """``(tp, sp)`` read from a raw ds_config dict before validation (for the batch triangle's world size).
+
+    Invalid values count as 1 here; :func:`dscore.config.load_config` then reports them with their key path.
+    """
+    tp_block = data.get("tensor_parallel")
+    tp_raw = tp_block.get("autotp_size", 0) if isinstance(tp_block, dict) else 0
+    sp_raw = data.get("sequence_parallel_size", 1)
+    tp = tp_raw if isinstance(tp_raw, int) and not isinstance(tp_raw, bool) and tp_raw > 1 else 1
+    sp = sp_raw if isinstance(sp_raw, int) and not isinstance(sp_raw, bool) and sp_raw > 1 else 1
+    return tp, sp
 
 
 @dataclass(frozen=True)

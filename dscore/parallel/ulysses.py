@@ -400,6 +400,8 @@ class _Tiled(torch.autograd.Function):
         ctx.spec = spec
         ctx.save_for_backward(x)
         with torch.no_grad():
+            if spec.shards == 1:  # one tile: the output may be anything (a scalar loss)
+                return spec.fn(spec.module, x)
             outs = [spec.fn(spec.module, piece) for piece in x.chunk(spec.shards, dim=spec.dim)]
         return torch.cat(outs, dim=spec.dim)
 
@@ -411,7 +413,11 @@ class _Tiled(torch.autograd.Function):
         wanted = [i for i, need in enumerate(ctx.needs_input_grad[2:]) if need]
         param_grads: list[torch.Tensor | None] = [None] * len(spec.params)
         x_grads: list[torch.Tensor] = []
-        for piece, g in zip(x.detach().chunk(spec.shards, dim=spec.dim), grad.chunk(spec.shards, dim=spec.dim)):
+        if spec.shards == 1:
+            tiles = [(x.detach(), grad)]
+        else:
+            tiles = list(zip(x.detach().chunk(spec.shards, dim=spec.dim), grad.chunk(spec.shards, dim=spec.dim)))
+        for piece, g in tiles:
             piece = piece.detach().requires_grad_(need_x)
             with torch.enable_grad():
                 out = spec.fn(spec.module, piece)

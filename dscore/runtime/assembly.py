@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dscore.errors import ConfigError, PluginLoadError, PluginValidationError
+from dscore.parallel.mesh import raw_mesh_degrees
 from dscore.protocols.precision import PrecisionMode
 from dscore.protocols.zero import ZeroStage, ZeroStageContext
 from dscore.registry import Registry
@@ -50,19 +51,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("dscore.runtime.assembly")
-
-
-def raw_mesh_degrees(data: dict[str, Any]) -> tuple[int, int]:
-    """``(tp, sp)`` read from a raw ds_config dict before validation (for the batch triangle's world size).
-
-    Invalid values count as 1 here; :func:`dscore.config.load_config` then reports them with their key path.
-    """
-    tp_block = data.get("tensor_parallel")
-    tp_raw = tp_block.get("autotp_size", 0) if isinstance(tp_block, dict) else 0
-    sp_raw = data.get("sequence_parallel_size", 1)
-    tp = tp_raw if isinstance(tp_raw, int) and not isinstance(tp_raw, bool) and tp_raw > 1 else 1
-    sp = sp_raw if isinstance(sp_raw, int) and not isinstance(sp_raw, bool) and sp_raw > 1 else 1
-    return tp, sp
 
 
 def build_mesh(runtime: Runtime, cfg: DscoreConfig, mpu: Any = None) -> ParallelMesh:

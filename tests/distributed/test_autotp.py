@@ -14,39 +14,11 @@ from typing import Any
 
 import pytest
 import torch
-from tp_sp_model import batches, causal_lm_loss, ds_config, make_model
+from tp_sp_model import batches, causal_lm_loss, ds_config, make_model, reference_dp
 
 from dscore.testing import run_distributed
 
 SEQ, MICRO, STEPS, CLIP = 16, 2, 3, 0.5
-
-
-def reference_dp(dp: int, clip: float) -> dict[str, Any]:
-    """One process on the full model; the loss of a step is the mean over dp shards of their mean losses
-    (what dp ranks averaging their gradients optimise)."""
-    model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
-    losses, norms, logits0 = [], [], None
-    for i, b in enumerate(batches(STEPS, MICRO * dp, SEQ)):
-        logits = model(b["input_ids"])
-        parts = [
-            causal_lm_loss(logits[j * MICRO : (j + 1) * MICRO], b["labels"][j * MICRO : (j + 1) * MICRO])
-            for j in range(dp)
-        ]
-        loss = torch.stack(parts).mean()
-        loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))))
-        if i == 0:
-            logits0 = logits.detach().clone()
-        opt.step()
-        opt.zero_grad()
-        losses.append(float(loss.detach()))
-    return {
-        "losses": losses,
-        "norms": norms,
-        "logits": logits0,
-        "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-    }
 
 
 def _train(stage: int, clip: float) -> dict[str, Any]:
@@ -135,7 +107,7 @@ def _check(res: dict[str, Any], ref: dict[str, Any], dp: int) -> None:
 @pytest.mark.slow
 def test_autotp_two_ranks_matches_one_process_and_checkpoint_loads_at_tp1(tmp_path: Any) -> None:
     results = run_distributed(_two_ranks, 2, str(tmp_path / "ckpt"), timeout=300)
-    ref = reference_dp(1, CLIP)
+    ref = reference_dp(STEPS, MICRO, 1, SEQ, CLIP)
     assert ref["norms"][0] > CLIP  # clipping is active, so the norm across shards decides the update
     for res in results:
         _check(res, ref, 1)
@@ -154,7 +126,7 @@ def test_autotp_two_ranks_matches_one_process_and_checkpoint_loads_at_tp1(tmp_pa
 @pytest.mark.slow
 def test_autotp_tp2_dp2_zero1_and_zero3_match_one_process() -> None:
     results = run_distributed(_four_ranks, 4, timeout=400)
-    ref = reference_dp(2, 0.0)
+    ref = reference_dp(STEPS, MICRO, 2, SEQ)
     for rank_results in results:
         for res in rank_results:
             assert res["dp"] == 2

@@ -129,27 +129,39 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].reshape(-1, VOCAB).float(), labels[:, 1:].reshape(-1), ignore_index=-100)
 
 
-def reference(steps: int, batch: int, seq: int, *, lr: float = 1e-2, clip: float = 0.0) -> dict[str, Any]:
-    """One process, full model and sequence: losses, first-step logits/gradients and final parameters."""
+#: AdamW settings of both sides. eps 1e-6 rather than 1e-8: Adam divides by sqrt(v) + eps, so for an entry
+#: whose gradient is ~1e-8 the last-bit rounding differences between a split and an unsplit sum decide the
+#: update; a larger eps keeps the comparison about the gradients, not about Adam's amplification of noise.
+ADAMW = {"lr": 1e-2, "weight_decay": 0.01, "eps": 1e-6}
+
+
+def reference_dp(steps: int, micro: int, dp: int, seq: int, clip: float = 0.0) -> dict[str, Any]:
+    """One process on the full model and sequence. The loss of a step is the mean over ``dp`` shards of
+    ``micro`` samples of their token-mean losses (what data-parallel ranks averaging gradients optimise).
+
+    Returns losses, gradient norms (before clipping), first-step logits and the final parameters.
+    """
     model = make_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    losses, first_grads, first_logits, norms = [], {}, None, []
-    for i, b in enumerate(batches(steps, batch, seq)):
+    opt = torch.optim.AdamW(model.parameters(), **ADAMW)
+    losses, norms, logits0 = [], [], None
+    for i, b in enumerate(batches(steps, micro * dp, seq)):
         logits = model(b["input_ids"])
-        loss = causal_lm_loss(logits, b["labels"])
+        parts = [
+            causal_lm_loss(logits[j * micro : (j + 1) * micro], b["labels"][j * micro : (j + 1) * micro])
+            for j in range(dp)
+        ]
+        loss = torch.stack(parts).mean()
         loss.backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))))
         if i == 0:
-            first_logits = logits.detach().clone()
-            first_grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            logits0 = logits.detach().clone()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return {
         "losses": losses,
         "norms": norms,
-        "logits": first_logits,
-        "grads": first_grads,
+        "logits": logits0,
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
     }
 
@@ -158,7 +170,7 @@ def ds_config(**extra: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+        "optimizer": {"type": "AdamW", "params": dict(ADAMW)},
         "gradient_clipping": 0.0,
     }
     cfg.update(extra)
