@@ -426,13 +426,15 @@ class DscoreEngine(torch.nn.Module):
 
     @property
     def mp_world_size(self) -> int:
-        """Model-parallel world size: always 1 (dscore is data parallel only)."""
-        return 1
+        """Model-parallel (tensor-parallel, ``tensor_parallel.autotp_size``) world size; 1 without AutoTP."""
+        mesh = getattr(self.runtime, "mesh", None)
+        return 1 if mesh is None else int(mesh.tp_size)
 
     @property
     def seq_parallel_world_size(self) -> int:
-        """Sequence-parallel world size: always 1 (no sequence parallelism in dscore)."""
-        return 1
+        """Sequence-parallel world size (``sequence_parallel_size``); 1 without Ulysses."""
+        mesh = getattr(self.runtime, "mesh", None)
+        return 1 if mesh is None else int(mesh.sp_size)
 
     def get_batch_info(self) -> tuple[int, int, int]:
         """``(train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)``."""

@@ -1,6 +1,6 @@
-"""AutoTP training through ``dscore.initialize`` on real gloo ranks against one process on the full model.
-
-One spawn per world size runs every check of that size (process start-up dominates on 2 cores):
+"""AutoTP training through ``dscore.initialize`` on real gloo ranks against one process on the full model:
+the rank functions and their checks, run by ``test_tp_sp.py`` (one spawn per world size for AutoTP and
+Ulysses together: process start-up dominates on 2 cores).
 
 * 2 ranks, tp 2: 3 AdamW steps with exact clipping (the norm across shards is active: clip below the
   norm), losses, logits and parameters equal the reference within 1e-5; the same-batch check; a
@@ -15,8 +15,6 @@ from typing import Any
 import pytest
 import torch
 from tp_sp_model import batches, causal_lm_loss, ds_config, make_model, reference_dp
-
-from dscore.testing import run_distributed
 
 SEQ, MICRO, STEPS, CLIP = 16, 2, 3, 0.5
 
@@ -55,7 +53,7 @@ def _train(stage: int, clip: float) -> dict[str, Any]:
     }
 
 
-def _two_ranks(tmp: str) -> dict[str, Any]:
+def two_ranks(tmp: str) -> dict[str, Any]:
     import torch.distributed as dist
 
     import dscore
@@ -87,7 +85,7 @@ def _two_ranks(tmp: str) -> dict[str, Any]:
     return out
 
 
-def _four_ranks() -> list[dict[str, Any]]:
+def four_ranks() -> list[dict[str, Any]]:
     results = []
     for stage in (1, 3):
         r = _train(stage, 0.0)
@@ -104,9 +102,8 @@ def _check(res: dict[str, Any], ref: dict[str, Any], dp: int) -> None:
         assert torch.allclose(got, value, atol=1e-5, rtol=0), (name, (got - value).abs().max())
 
 
-@pytest.mark.slow
-def test_autotp_two_ranks_matches_one_process_and_checkpoint_loads_at_tp1(tmp_path: Any) -> None:
-    results = run_distributed(_two_ranks, 2, str(tmp_path / "ckpt"), timeout=300)
+def check_two_ranks(results: list[dict[str, Any]]) -> None:
+    """Assertions over :func:`two_ranks`' results (one per rank)."""
     ref = reference_dp(STEPS, MICRO, 1, SEQ, CLIP)
     assert ref["norms"][0] > CLIP  # clipping is active, so the norm across shards decides the update
     for res in results:
@@ -123,9 +120,8 @@ def test_autotp_two_ranks_matches_one_process_and_checkpoint_loads_at_tp1(tmp_pa
         assert res["mismatch"] is not None and "different inputs" in res["mismatch"]
 
 
-@pytest.mark.slow
-def test_autotp_tp2_dp2_zero1_and_zero3_match_one_process() -> None:
-    results = run_distributed(_four_ranks, 4, timeout=400)
+def check_four_ranks(results: list[list[dict[str, Any]]]) -> None:
+    """Assertions over :func:`four_ranks`' results (one list per rank)."""
     ref = reference_dp(STEPS, MICRO, 2, SEQ)
     for rank_results in results:
         for res in rank_results:

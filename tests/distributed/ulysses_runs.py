@@ -1,5 +1,5 @@
 """Ulysses sequence parallelism through ``dscore.initialize`` on real gloo ranks against one process on the
-full sequence (outputs, losses, gradient norms and parameters after 3 AdamW steps within 1e-5).
+full sequence (rank functions and checks, run by ``test_tp_sp.py``) (outputs, losses, gradient norms and parameters after 3 AdamW steps within 1e-5).
 
 * 2 ranks, sp 2 (ZeRO 0), 64 tokens; uneven splits and head counts refused with ConfigError.
 * 4 ranks: sp 2 x dp 2 (ZeRO 2, 128 tokens) and tp 2 x sp 2 (ZeRO 1, 64 tokens: both plugins composed).
@@ -23,8 +23,6 @@ from tp_sp_model import (
     reference_dp,
     sdpa_core,
 )
-
-from dscore.testing import run_distributed
 
 MICRO, STEPS = 2, 3
 
@@ -76,6 +74,18 @@ def _train(seq: int, stage: int, tp: int = 1) -> dict[str, Any]:
             logits0 = logits.detach().numpy().copy()
         losses.append(float(loss.detach()))
     full = {k: v.detach().float().numpy().copy() for k, v in engine.zero_stage_impl.module_state_dict().items()}
+    from dscore.parallel import groups
+    from dscore.runtime.context import use_runtime
+
+    with use_runtime(engine.runtime):
+        sizes = (
+            groups.get_sequence_parallel_world_size(),
+            groups._get_data_parallel_world_size(),
+            groups.get_tensor_model_parallel_world_size(),
+            groups.get_sequence_parallel_rank(),
+        )
+    assert sizes == (sp, mesh.dp_size, tp, mesh.sp_rank), sizes
+    assert (engine.seq_parallel_world_size, engine.mp_world_size) == (sp, tp)
     return {
         "losses": losses,
         "norms": norms,
@@ -107,13 +117,13 @@ def _refusals() -> dict[str, str]:
     return out
 
 
-def _two_ranks() -> dict[str, Any]:
+def two_ranks() -> dict[str, Any]:
     res = _train(64, 0)
     res["refused"] = _refusals()
     return res
 
 
-def _four_ranks() -> list[dict[str, Any]]:
+def four_ranks() -> list[dict[str, Any]]:
     return [_train(128, 2), _train(64, 1, tp=2)]
 
 
@@ -127,9 +137,8 @@ def _check(res: dict[str, Any], ref: dict[str, Any], dp: int) -> None:
         assert torch.allclose(got, value, atol=1e-5, rtol=0), (name, (got - value).abs().max())
 
 
-@pytest.mark.slow
-def test_ulysses_sp2_matches_one_process_and_refuses_uneven_splits() -> None:
-    results = run_distributed(_two_ranks, 2, timeout=300)
+def check_two_ranks(results: list[dict[str, Any]]) -> None:
+    """Assertions over :func:`two_ranks`' results (one per rank)."""
     ref = reference_dp(STEPS, MICRO, 1, 64)
     for res in results:
         _check(res, ref, 1)
@@ -138,9 +147,8 @@ def test_ulysses_sp2_matches_one_process_and_refuses_uneven_splits() -> None:
         assert "attn_head_count = 3 is not divisible" in res["refused"]["heads"]
 
 
-@pytest.mark.slow
-def test_ulysses_sp2_dp2_and_tp2_sp2_match_one_process() -> None:
-    results = run_distributed(_four_ranks, 4, timeout=400)
+def check_four_ranks(results: list[list[dict[str, Any]]]) -> None:
+    """Assertions over :func:`four_ranks`' results (one list per rank)."""
     ref_dp = reference_dp(STEPS, MICRO, 2, 128)
     ref_tp = reference_dp(STEPS, MICRO, 1, 64)
     for res_dp, res_tp in results:

@@ -1,0 +1,124 @@
+"""Group accessors with DeepSpeed's names (``deepspeed.utils.groups``), read from the current mesh.
+
+The mesh is the one ``dscore.initialize`` built for the engine whose runtime is current: inside the
+engine's ``forward`` / ``backward`` / ``step`` (and model code they call) it is set; elsewhere wrap the
+call in ``with dscore.runtime.context.use_runtime(engine.runtime):`` or use ``engine.runtime.mesh``
+directly. No module-level group state exists: two engines keep two meshes.
+
+DeepSpeed's private spellings (``_get_sequence_parallel_group`` ...) are aliases of the public ones.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dscore.errors import DscoreError
+
+if TYPE_CHECKING:
+    from dscore.parallel.mesh import ParallelMesh
+
+__all__ = [
+    "current_mesh",
+    "get_data_parallel_group",
+    "get_data_parallel_rank",
+    "get_data_parallel_world_size",
+    "get_sequence_data_parallel_group",
+    "get_sequence_data_parallel_rank",
+    "get_sequence_data_parallel_world_size",
+    "get_sequence_parallel_group",
+    "get_sequence_parallel_rank",
+    "get_sequence_parallel_world_size",
+    "get_tensor_model_parallel_group",
+    "get_tensor_model_parallel_rank",
+    "get_tensor_model_parallel_world_size",
+]
+
+
+def current_mesh() -> ParallelMesh:
+    """The current runtime's mesh.
+
+    Raises:
+        DscoreError: no runtime is current, or it has no mesh (built outside ``dscore.initialize``).
+    """
+    from dscore.runtime.context import peek_runtime
+
+    runtime = peek_runtime()
+    mesh = getattr(runtime, "mesh", None)
+    if mesh is None:
+        raise DscoreError(
+            "no parallel mesh is current: call this inside engine.forward/backward/step, or wrap it in "
+            "`with dscore.runtime.context.use_runtime(engine.runtime):`, or read engine.runtime.mesh"
+        )
+    return mesh
+
+
+def get_tensor_model_parallel_group() -> Any:
+    """The tensor-parallel process group (None when it has one rank or spans the world)."""
+    return current_mesh().get_tensor_model_parallel_group()
+
+
+def get_tensor_model_parallel_world_size() -> int:
+    """The tensor-parallel degree."""
+    return current_mesh().tp_size
+
+
+def get_tensor_model_parallel_rank() -> int:
+    """This rank's index in its tensor-parallel group."""
+    return current_mesh().tp_rank
+
+
+def get_sequence_parallel_group() -> Any:
+    """The sequence-parallel process group (None when it has one rank or spans the world)."""
+    return current_mesh().get_sequence_parallel_group()
+
+
+def get_sequence_parallel_world_size() -> int:
+    """The sequence-parallel degree."""
+    return current_mesh().sp_size
+
+
+def get_sequence_parallel_rank() -> int:
+    """This rank's index in its sequence-parallel group."""
+    return current_mesh().sp_rank
+
+
+def get_data_parallel_group() -> Any:
+    """The data-parallel process group (None when it spans the world)."""
+    return current_mesh().get_data_parallel_group()
+
+
+def get_data_parallel_world_size() -> int:
+    """The data-parallel degree ``world / (tp x sp)``."""
+    return current_mesh().dp_size
+
+
+def get_data_parallel_rank() -> int:
+    """This rank's index along the data dimension."""
+    return current_mesh().dp_rank
+
+
+def get_sequence_data_parallel_group() -> Any:
+    """The group gradients are reduced over (sequence x data ranks)."""
+    return current_mesh().get_sequence_data_parallel_group()
+
+
+def get_sequence_data_parallel_world_size() -> int:
+    """``sp x dp``."""
+    return current_mesh().get_sequence_data_parallel_world_size()
+
+
+def get_sequence_data_parallel_rank() -> int:
+    """This rank's index in the sequence x data group."""
+    return current_mesh().get_sequence_data_parallel_rank()
+
+
+# DeepSpeed's spellings (deepspeed.utils.groups)
+_get_sequence_parallel_group = get_sequence_parallel_group
+_get_sequence_parallel_world_size = get_sequence_parallel_world_size
+_get_sequence_parallel_rank = get_sequence_parallel_rank
+_get_data_parallel_group = get_data_parallel_group
+_get_data_parallel_world_size = get_data_parallel_world_size
+_get_data_parallel_rank = get_data_parallel_rank
+_get_sequence_data_parallel_group = get_sequence_data_parallel_group
+_get_sequence_data_parallel_world_size = get_sequence_data_parallel_world_size
+_get_sequence_data_parallel_rank = get_sequence_data_parallel_rank
