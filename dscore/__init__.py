@@ -28,6 +28,8 @@ __all__ = [
     "comm",
     "checkpointing",
     "pipe",
+    "parallel",
+    "tp_model_init",
 ]
 
 # name -> "module:attribute" (attribute "" means the module itself)
@@ -39,12 +41,15 @@ _LAZY: dict[str, str] = {
     "comm": "dscore.comm:",
     "checkpointing": "dscore.checkpointing:",
     "pipe": "dscore.pipe:",
+    "parallel": "dscore.parallel:",
+    "tp_model_init": "dscore.parallel.autotp:tp_model_init",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from dscore import checkpointing, comm, pipe, zero
+    from dscore import checkpointing, comm, parallel, pipe, zero
     from dscore.comm.init import init_distributed
     from dscore.config.arguments import add_config_arguments
+    from dscore.parallel.autotp import tp_model_init
     from dscore.runtime.initialize import initialize
 
 

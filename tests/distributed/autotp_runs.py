@@ -74,6 +74,14 @@ def two_ranks(tmp: str) -> dict[str, Any]:
     out["ckpt_exp_avg_equal"] = all(torch.allclose(plain_state["state"][n]["exp_avg"], v) for n, v in exp_avg.items())
     out["ckpt_param_groups"] = len(saved_state["param_groups"])
 
+    # dscore.tp_model_init splits before initialize (DeepSpeed's flow); initialize keeps that split
+    pre = dscore.tp_model_init(make_model(), tp_size=2, dtype=None)
+    split_rows = tuple(pre.layers[0].self_attn.q_proj.weight.shape)
+    early, _, _, _ = dscore.initialize(model=pre, config=ds_config(tensor_parallel={"autotp_size": 2}))
+    first = batches(1, MICRO, SEQ)[0]["input_ids"]
+    out["tp_model_init_logits"] = early(first).detach().numpy().copy()
+    out["tp_model_init_rows"] = split_rows
+
     # ranks of one tensor-parallel group fed different batches: refused on the first forward
     other, _, _, _ = dscore.initialize(model=make_model(), config=ds_config(tensor_parallel={"autotp_size": 2}))
     ids = torch.full((MICRO, SEQ), dist.get_rank(), dtype=torch.long)
@@ -118,6 +126,8 @@ def check_two_ranks(results: list[dict[str, Any]]) -> None:
         assert res["ckpt_weights_equal"] and res["ckpt_exp_avg_equal"]
         assert res["ckpt_param_groups"] == 1  # the user's one group, not the internal replicated/split pair
         assert res["mismatch"] is not None and "different inputs" in res["mismatch"]
+        assert res["tp_model_init_rows"] == (16, 32)
+        assert torch.allclose(torch.from_numpy(res["tp_model_init_logits"]), ref["logits"][:MICRO], atol=1e-5)
 
 
 def check_four_ranks(results: list[list[dict[str, Any]]]) -> None:
