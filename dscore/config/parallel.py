@@ -133,11 +133,13 @@ class TensorParallelConfig(SectionModel):
     tp_overlap_comm: StrictBool = False
     """Accepted only as false (dscore's row all-reduce is not overlapped)."""
     keep_module_on_host: StrictBool = False
-    """Keep split weights on the host until the engine moves the module (dscore always splits on the host
-    the module is on, so both values give the same result)."""
+    """DeepSpeed's switch to load checkpoint shards on the host. dscore splits the module where it is
+    (before ``initialize`` moves it to the device), so the split itself never needs device memory for the
+    full weights: both values behave the same and are accepted."""
     dtype: str = "fp16"
-    """Dtype :func:`dscore.tp_model_init` casts the model to when called from code with no ``dtype``;
-    ``dscore.initialize`` ignores it (precision comes from the fp16/bf16 blocks, as in DeepSpeed)."""
+    """DeepSpeed's model dtype for AutoTP. ``dscore.initialize`` trains in the precision of the fp16/bf16
+    blocks; an explicitly set ``dtype`` must agree with it (else a ConfigError), so it can never silently
+    differ. fp16 itself is refused with ``autotp_size > 1``."""
     preset_model: str | None = None
     """Built-in rules of a model family (``llama``, ``qwen2``, ``mistral``)."""
     partition_config: PartitionConfig | None = None

@@ -107,7 +107,8 @@ def check_tp_config(cfg: Any, *, precision_name: str, client_optimizer: Any) -> 
     """Refuse what AutoTP training cannot honour (see the module docstring).
 
     Raises:
-        ConfigError: fp16 with ``autotp_size > 1``; a client optimizer instance.
+        ConfigError: fp16 with ``autotp_size > 1``; a client optimizer instance; an explicit
+            ``tensor_parallel.dtype`` other than the precision mode's.
     """
     if precision_name == "fp16":
         raise ConfigError(
@@ -115,6 +116,22 @@ def check_tp_config(cfg: Any, *, precision_name: str, client_optimizer: Any) -> 
             "tensor-parallel rank sees different shards; use bf16 or fp32",
             path="fp16.enabled",
         )
+    block = cfg.tensor_parallel
+    if "dtype" in block.model_fields_set:
+        wanted = {
+            "fp32": "fp32",
+            "float32": "fp32",
+            "torch.float32": "fp32",
+            "bf16": "bf16",
+            "bfloat16": "bf16",
+            "torch.bfloat16": "bf16",
+        }.get(block.dtype, "fp16")
+        if wanted != precision_name:
+            raise ConfigError(
+                f"tensor_parallel.dtype = {block.dtype!r} but the precision mode is {precision_name} (the fp16/bf16 "
+                "blocks decide the dtype dscore.initialize trains in); make them agree or drop tensor_parallel.dtype",
+                path="tensor_parallel.dtype",
+            )
     if isinstance(client_optimizer, torch.optim.Optimizer):
         raise ConfigError(
             "tensor_parallel.autotp_size > 1 with a client optimizer instance: its param_groups hold the unsplit "
