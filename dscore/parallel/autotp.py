@@ -39,7 +39,7 @@ from dscore.parallel.tp_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     TPParam,
-    VocabEmbeddingSplit,
+    EmbeddingDimSplit,
     gather_full,
     shard_of,
 )
@@ -155,14 +155,19 @@ def _hf_plan(model: torch.nn.Module) -> dict[str, str]:
     return plan
 
 
+# Hugging Face tp_plan styles -> dscore's split. Every dscore split is exact (the layer's output equals the
+# unsplit layer's), so an embedding HF would split by rows (vocabulary) is split along its embedding dim here.
 _HF_KINDS = {
     "colwise": ("column", False),
     "rowwise": ("row", False),
     "colwise_rep": ("column", True),
+    "colwise_gather_output": ("column", True),
     "rowwise_rep": ("row", False),
     "local_colwise": ("column", False),
     "local_rowwise": ("row", False),
     "replicate": ("skip", False),
+    "embedding_rowwise": ("embedding", False),
+    "embedding_colwise": ("embedding", False),
 }
 
 
@@ -318,7 +323,7 @@ def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParal
                     f"embedding {name!r}: embedding_dim {mod.embedding_dim} is not divisible by tp {tp}",
                     path="tensor_parallel.autotp_size",
                 )
-            _set_module(model, name, VocabEmbeddingSplit(mod, comm=comm, tp=tp, rank=rank))
+            _set_module(model, name, EmbeddingDimSplit(mod, comm=comm, tp=tp, rank=rank))
             continue
         assert isinstance(mod, torch.nn.Linear)
         size = mod.out_features if rule.kind == "column" else mod.in_features

@@ -26,7 +26,7 @@ __all__ = [
     "ColumnParallelLinear",
     "RowParallelLinear",
     "TPParam",
-    "VocabEmbeddingSplit",
+    "EmbeddingDimSplit",
     "gather_full",
     "shard_of",
 ]
@@ -229,7 +229,7 @@ class RowParallelLinear(torch.nn.Module):
         return f"in={self.in_features} split over tp {self.tp}, out={self.out_features}"
 
 
-class VocabEmbeddingSplit(torch.nn.Module):
+class EmbeddingDimSplit(torch.nn.Module):
     """An ``Embedding`` whose embedding dim is split; the looked-up vectors are all-gathered to full width."""
 
     def __init__(self, emb: torch.nn.Embedding, *, comm: Any, tp: int, rank: int) -> None:
