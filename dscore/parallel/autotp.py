@@ -37,9 +37,9 @@ import torch
 from dscore.errors import ConfigError, DscoreError
 from dscore.parallel.tp_layers import (
     ColumnParallelLinear,
+    EmbeddingDimSplit,
     RowParallelLinear,
     TPParam,
-    EmbeddingDimSplit,
     gather_full,
     shard_of,
 )

@@ -24,9 +24,9 @@ import torch.nn.functional as F
 
 __all__ = [
     "ColumnParallelLinear",
+    "EmbeddingDimSplit",
     "RowParallelLinear",
     "TPParam",
-    "EmbeddingDimSplit",
     "gather_full",
     "shard_of",
 ]

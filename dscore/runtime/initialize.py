@@ -191,6 +191,7 @@ def initialize(
             collate_fn=collate_fn,
         )
         engine = registry.load(engine_spec)(engine_ctx)
+        _check_engine_used_mesh(engine, engine_spec.name, runtime.mesh, model)
         log.info("engine %s built (%s)", engine_spec.name, type(engine).__name__)
         runtime.plugin_manager.call("dscore_engine_created", engine=engine)
         return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
@@ -199,6 +200,28 @@ def initialize(
 # ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
+def _check_engine_used_mesh(engine: Any, name: str, mesh: Any, model: Any) -> None:
+    """An engine plugin that ignores tensor/sequence parallelism must not train as if it did not exist.
+
+    Raises:
+        ConfigError: ``tensor_parallel.autotp_size > 1`` and the model was not split, or the engine's
+            data-parallel size is not the mesh's (names the engine).
+    """
+    if mesh.tp_size > 1 and getattr(model, "_dscore_autotp", None) is None:
+        raise ConfigError(
+            f"the engine {name!r} did not apply tensor_parallel.autotp_size {mesh.tp_size} (the model is unsplit); "
+            "use the standard engine or call dscore.parallel.autotp.apply_autotp in the engine's factory",
+            path="tensor_parallel.autotp_size",
+        )
+    dp = getattr(engine, "dp_world_size", None)
+    if (mesh.tp_size > 1 or mesh.sp_size > 1) and dp is not None and int(dp) != mesh.dp_size:
+        raise ConfigError(
+            f"the engine {name!r} counts {dp} data-parallel ranks but the mesh has {mesh.dp_size} "
+            f"(world / (tp {mesh.tp_size} x sp {mesh.sp_size})); build it with dp_world_size=runtime.mesh.dp_size",
+            path="sequence_parallel_size" if mesh.sp_size > 1 else "tensor_parallel.autotp_size",
+        )
+
+
 def _check_args_local_rank(args: Any) -> None:
     """DeepSpeed's check: a non-negative ``args.local_rank`` must equal the launcher's ``LOCAL_RANK``.
 
@@ -271,5 +294,3 @@ def _data_parallel_world_size(distributed_port: int) -> tuple[int, str]:
 
     env = discover_env(distributed_port=distributed_port, quiet=True)
     return env.world_size, f"world size {env.world_size} discovered from the environment ({env.source})"
-
-
