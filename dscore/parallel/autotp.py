@@ -56,6 +56,7 @@ __all__ = [
     "apply_autotp",
     "check_tp_config",
     "plan_autotp",
+    "remap_parameters",
     "split_groups_for_tp",
     "tp_model_init",
     "tp_params_of",
@@ -315,6 +316,7 @@ def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParal
     _check_heads(model, tp)
     plan = plan_autotp(model, config)
     comm = mesh.tp_comm
+    replaced: dict[int, torch.nn.Parameter] = {}
     for name, rule in plan.items():
         mod = model.get_submodule(name)
         if isinstance(mod, torch.nn.Embedding):
@@ -323,7 +325,9 @@ def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParal
                     f"embedding {name!r}: embedding_dim {mod.embedding_dim} is not divisible by tp {tp}",
                     path="tensor_parallel.autotp_size",
                 )
-            _set_module(model, name, EmbeddingDimSplit(mod, comm=comm, tp=tp, rank=rank))
+            emb = EmbeddingDimSplit(mod, comm=comm, tp=tp, rank=rank)
+            replaced[id(mod.weight)] = emb.weight
+            _set_module(model, name, emb)
             continue
         assert isinstance(mod, torch.nn.Linear)
         size = mod.out_features if rule.kind == "column" else mod.in_features
@@ -340,10 +344,50 @@ def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParal
             )
         else:
             new = RowParallelLinear.from_linear(mod, comm=comm, tp=tp, rank=rank, parts=rule.parts)
+        replaced[id(mod.weight)] = new.weight  # type: ignore[assignment]
+        if mod.bias is not None and new.bias is not None:
+            replaced[id(mod.bias)] = new.bias  # type: ignore[assignment]
         _set_module(model, name, new)
-    model._dscore_autotp = {"tp": tp, "plan": plan}  # type: ignore[assignment]
+    model._dscore_autotp = {"tp": tp, "plan": plan, "replaced": replaced}  # type: ignore[assignment]
     log.info("AutoTP: %d module(s) split over tp %d: %s", len(plan), tp, ", ".join(sorted(plan)))
     return plan
+
+
+def remap_parameters(model: torch.nn.Module, model_parameters: Any) -> Any:
+    """``model_parameters`` (tensors, ``(name, tensor)`` pairs or group dicts) with every parameter AutoTP
+    replaced swapped for its split successor, so a list built before the split trains the split model.
+
+    Raises:
+        ConfigError: an element is still a tensor the split model does not own (names its position).
+    """
+    if model_parameters is None:
+        return None
+    done = getattr(model, "_dscore_autotp", None) or {}
+    replaced: dict[int, torch.nn.Parameter] = done.get("replaced", {})
+    owned = {id(p) for p in model.parameters()}
+
+    def swap(t: Any, where: str) -> Any:
+        if isinstance(t, torch.Tensor):
+            t = replaced.get(id(t), t)
+            if id(t) not in owned:
+                raise ConfigError(
+                    f"model_parameters {where} is a tensor of shape {tuple(t.shape)} that is not a parameter of the "
+                    "model after the AutoTP split; pass parameters of the model (or none)",
+                    path="tensor_parallel.autotp_size",
+                )
+        return t
+
+    out: list[Any] = []
+    for i, x in enumerate(list(model_parameters)):
+        if isinstance(x, dict):
+            raw = x.get("params", [])
+            raw = [raw] if isinstance(raw, torch.Tensor) else list(raw)
+            out.append({**x, "params": [swap(p, f"group {i}") for p in raw]})
+        elif isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], torch.Tensor):
+            out.append((x[0], swap(x[1], f"entry {i} ({x[0]})")))
+        else:
+            out.append(swap(x, f"entry {i}"))
+    return out
 
 
 def tp_params_of(module: torch.nn.Module) -> dict[str, TPParam]:

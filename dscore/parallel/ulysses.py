@@ -35,6 +35,7 @@ import torch
 from dscore.errors import ConfigError, DscoreError
 
 __all__ = [
+    "require_ulysses_attention",
     "TiledMLP",
     "UlyssesSPAttentionHF",
     "UlyssesSPDataLoaderAdapter",
@@ -45,6 +46,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("dscore.parallel.ulysses")
+
+# Calls of UlyssesSPAttentionHF.forward in this process (a diagnostic count: the first forward of a
+# sequence-parallel model must run at least one, see require_ulysses_attention).
+_ATTENTION_CALLS = [0]
 
 
 def _a2a(x: torch.Tensor, comm: Any, scatter_dim: int, gather_dim: int) -> torch.Tensor:
@@ -187,6 +192,7 @@ class UlyssesSPAttentionHF(torch.nn.Module):
                 "tokens; pass seq_length_is_variable=True for variable lengths",
                 path="sequence_parallel_size",
             )
+        _ATTENTION_CALLS[0] += 1
         if self.sp == 1:
             return self.attn(module, query, key, value, attention_mask, *args, **kwargs)  # type: ignore[no-any-return]
         q = seq_to_heads(query, self.comm, seq_dim=2, head_dim=1)
@@ -259,6 +265,34 @@ class UlyssesSPAttentionHF(torch.nn.Module):
 
         ALL_ATTENTION_FUNCTIONS.register("ulysses", ulysses_attention)
         return mesh
+
+
+def require_ulysses_attention(model: torch.nn.Module, sp: int) -> None:
+    """Check on ``model``'s first forward that Ulysses attention ran (``dscore.initialize`` installs it when
+    ``sequence_parallel_size > 1``): attention over only the local shard would train silently wrong.
+
+    Raises (from that forward):
+        ConfigError: no :class:`UlyssesSPAttentionHF` ran during it; says how to install one.
+    """
+    state: dict[str, Any] = {}
+
+    def pre(module: torch.nn.Module, args: Any) -> None:
+        state["before"] = _ATTENTION_CALLS[0]
+
+    def post(module: torch.nn.Module, args: Any, output: Any) -> None:
+        state["pre"].remove()
+        state["post"].remove()
+        if _ATTENTION_CALLS[0] == state["before"]:
+            raise ConfigError(
+                f"sequence_parallel_size is {sp} but the model's first forward ran no Ulysses attention, so attention "
+                "saw only this rank's shard of the sequence; wrap the core attention in UlyssesSPAttentionHF, or call "
+                "UlyssesSPAttentionHF.register_with_transformers(...) and load the model with attn_implementation="
+                "'ulysses'",
+                path="sequence_parallel_size",
+            )
+
+    state["pre"] = model.register_forward_pre_hook(pre)
+    state["post"] = model.register_forward_hook(post)
 
 
 def _all_gather_sum_backward(x: torch.Tensor, comm: Any) -> torch.Tensor:

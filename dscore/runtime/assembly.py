@@ -145,10 +145,15 @@ def assemble(
     precision = select_precision(cfg, registry)
     check_device_dtype(precision, accelerator)
     if mesh.tp_size > 1:
-        from dscore.parallel.autotp import apply_autotp, check_tp_config
+        from dscore.parallel.autotp import apply_autotp, check_tp_config, remap_parameters
 
         check_tp_config(cfg, precision_name=precision.name, client_optimizer=client_optimizer)
         apply_autotp(model, mesh, cfg.tensor_parallel)
+        model_parameters = remap_parameters(model, model_parameters)
+    if mesh.sp_size > 1:
+        from dscore.parallel.ulysses import require_ulysses_attention
+
+        require_ulysses_attention(model, mesh.sp_size)
     model.to(accelerator.device())
     module = precision.prepare_module(model) or model
     stage_number = int(cfg.zero_stage)

@@ -24,7 +24,8 @@ def _train(stage: int, clip: float) -> dict[str, Any]:
 
     model = make_model()
     cfg = ds_config(tensor_parallel={"autotp_size": 2}, zero_optimization={"stage": stage}, gradient_clipping=clip)
-    engine, _, _, _ = dscore.initialize(model=model, config=cfg)
+    # a parameter list built before the split (a common DeepSpeed call) is remapped to the split parameters
+    engine, _, _, _ = dscore.initialize(model=model, model_parameters=list(model.parameters()), config=cfg)
     mesh = engine.runtime.mesh
     d = mesh.dp_rank
     losses, norms, logits0 = [], [], None

@@ -114,6 +114,11 @@ def _refusals() -> dict[str, str]:
         UlyssesSPAttentionHF(sdpa_core, 32, 64, MICRO, 3, HEAD_DIM, 3, LAYERS, mesh.sp_comm)
     except ConfigError as exc:
         out["heads"] = str(exc)
+    plain, _, _, _ = dscore.initialize(model=make_model(), config=ds_config(sequence_parallel_size=2))
+    try:  # no Ulysses attention installed: attention would see only the local shard
+        plain(batches(1, MICRO, 32)[0]["input_ids"])
+    except ConfigError as exc:
+        out["no_ulysses"] = str(exc)
     return out
 
 
@@ -145,6 +150,7 @@ def check_two_ranks(results: list[dict[str, Any]]) -> None:
         assert res["losses"] == pytest.approx(ref["losses"], abs=1e-5)
         assert "63 is not divisible by sequence_parallel_size 2" in res["refused"]["uneven"]
         assert "attn_head_count = 3 is not divisible" in res["refused"]["heads"]
+        assert "ran no Ulysses attention" in res["refused"]["no_ulysses"]
 
 
 def check_four_ranks(results: list[list[dict[str, Any]]]) -> None:
