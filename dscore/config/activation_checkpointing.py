@@ -11,9 +11,10 @@ The cross-key rules are DeepSpeed's ``configure`` assertions, reported at the ke
 unknown keys, non-boolean flags and a ``number_checkpoints`` below 1.
 
 ``partition_activations`` splits the saved inputs of each checkpoint across the *model-parallel* group.
-dscore has no tensor/model-parallel group (its model-parallel size is 1), and at size 1 DeepSpeed's
-partition is the whole tensor, so the flag is accepted and changes nothing about what is saved; it is
-still the switch ``contiguous_memory_optimization`` requires, as in DeepSpeed.
+Without AutoTP that group has size 1, and at size 1 DeepSpeed's partition is the whole tensor, so the flag
+is accepted and changes nothing about what is saved; it is still the switch
+``contiguous_memory_optimization`` requires, as in DeepSpeed. With ``tensor_parallel.autotp_size > 1``
+``dscore.initialize`` refuses it (the split is not implemented).
 """
 
 from __future__ import annotations

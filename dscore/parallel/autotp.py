@@ -108,7 +108,8 @@ def check_tp_config(cfg: Any, *, precision_name: str, client_optimizer: Any) -> 
     """Refuse what AutoTP training cannot honour (see the module docstring).
 
     Raises:
-        ConfigError: fp16 with ``autotp_size > 1``; a client optimizer instance; an explicit
+        ConfigError: fp16 with ``autotp_size > 1``; ``activation_checkpointing.partition_activations``; a client
+            optimizer instance; an explicit
             ``tensor_parallel.dtype`` other than the precision mode's.
     """
     if precision_name == "fp16":
@@ -133,6 +134,12 @@ def check_tp_config(cfg: Any, *, precision_name: str, client_optimizer: Any) -> 
                 "blocks decide the dtype dscore.initialize trains in); make them agree or drop tensor_parallel.dtype",
                 path="tensor_parallel.dtype",
             )
+    if cfg.activation_checkpointing.partition_activations:
+        raise ConfigError(
+            "activation_checkpointing.partition_activations with tensor_parallel.autotp_size > 1 is not implemented "
+            "by dscore (saved inputs are not split across the tensor-parallel group); set it false",
+            path="activation_checkpointing.partition_activations",
+        )
     if isinstance(client_optimizer, torch.optim.Optimizer):
         raise ConfigError(
             "tensor_parallel.autotp_size > 1 with a client optimizer instance: its param_groups hold the unsplit "

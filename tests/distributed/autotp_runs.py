@@ -74,6 +74,11 @@ def two_ranks(tmp: str) -> dict[str, Any]:
     out["ckpt_weights_equal"] = all(torch.equal(loaded[k], torch.from_numpy(out["params"][k])) for k in out["params"])
     out["ckpt_exp_avg_equal"] = all(torch.allclose(plain_state["state"][n]["exp_avg"], v) for n, v in exp_avg.items())
     out["ckpt_param_groups"] = len(saved_state["param_groups"])
+    # and back: the tp-1 checkpoint loads into the tp-2 engine (full tensors sliced per rank)
+    plain.save_checkpoint(tmp, tag="tp1")
+    engine.load_checkpoint(tmp, tag="tp1")
+    back = engine.zero_stage_impl.module_state_dict()
+    out["ckpt_back_equal"] = all(torch.equal(back[k].float(), loaded[k]) for k in loaded)
 
     # dscore.tp_model_init splits before initialize (DeepSpeed's flow); initialize keeps that split
     pre = dscore.tp_model_init(make_model(), tp_size=2, dtype=None)
@@ -124,7 +129,7 @@ def check_two_ranks(results: list[dict[str, Any]]) -> None:
         assert res["local_shapes"]["layers.0.self_attn.q_proj.weight"] == (16, 32)
         assert res["local_shapes"]["layers.0.mlp.down_proj.weight"] == (32, 32)
         assert res["local_shapes"]["lm_head.weight"] == (32, 32)
-        assert res["ckpt_weights_equal"] and res["ckpt_exp_avg_equal"]
+        assert res["ckpt_weights_equal"] and res["ckpt_exp_avg_equal"] and res["ckpt_back_equal"]
         assert res["ckpt_param_groups"] == 1  # the user's one group, not the internal replicated/split pair
         assert res["mismatch"] is not None and "different inputs" in res["mismatch"]
         assert res["tp_model_init_rows"] == (16, 32)
