@@ -58,6 +58,7 @@ __all__ = [
     "plan_autotp",
     "remap_parameters",
     "split_groups_for_tp",
+    "wrap_stage",
     "tp_model_init",
     "tp_params_of",
 ]
@@ -671,3 +672,11 @@ class TensorParallelStage(ZeroStage):
         if isinstance(sd.get("param_groups"), list):  # each user group feeds its replicated and split halves
             sd["param_groups"] = [g for g in sd["param_groups"] for _ in (0, 1)]
         self.inner.load_state_dict(sd, load_optimizer_states=load_optimizer_states)
+
+
+def wrap_stage(inner: ZeroStage, module: torch.nn.Module, mesh: ParallelMesh, *, clip: float) -> TensorParallelStage:
+    """``inner`` wrapped in a :class:`TensorParallelStage` subclass whose class attribute ``stage`` is the inner
+    stage's (the engine and checkpoints read ``type(stage).stage``)."""
+    cls = type(f"TensorParallel{type(inner).__name__}", (TensorParallelStage,), {"stage": int(type(inner).stage)})
+    wrapped: TensorParallelStage = cls(inner, module, mesh, clip=clip)
+    return wrapped

@@ -178,9 +178,9 @@ def assemble(
         comm=mesh.grad_comm,
     )
     if mesh.tp_size > 1:
-        from dscore.parallel.autotp import TensorParallelStage
+        from dscore.parallel.autotp import wrap_stage
 
-        zero_stage = TensorParallelStage(zero_stage, module, mesh, clip=float(cfg.gradient_clipping))
+        zero_stage = wrap_stage(zero_stage, module, mesh, clip=float(cfg.gradient_clipping))
     scheduler = build_lr_scheduler(
         cfg, registry, zero_stage.optimizer if choice.has_optimizer else None, client_lr_scheduler
     )

@@ -42,6 +42,7 @@ def _train(stage: int, clip: float) -> dict[str, Any]:
         losses.append(float(loss.detach()))
     full = {k: v.detach().float().numpy().copy() for k, v in engine.zero_stage_impl.module_state_dict().items()}
     local = {n: tuple(p.shape) for n, p in engine.module.named_parameters()}
+    assert engine.zero_optimization_stage() == stage
     return {
         "losses": losses,
         "norms": norms,
