@@ -53,7 +53,7 @@ def current_mesh() -> ParallelMesh:
 
 
 def get_tensor_model_parallel_group() -> Any:
-    """The tensor-parallel process group (None when it has one rank or spans the world)."""
+    """The tensor-parallel process group (``group.WORLD`` when it spans the job; DscoreError at degree 1)."""
     return current_mesh().get_tensor_model_parallel_group()
 
 
@@ -68,7 +68,7 @@ def get_tensor_model_parallel_rank() -> int:
 
 
 def get_sequence_parallel_group() -> Any:
-    """The sequence-parallel process group (None when it has one rank or spans the world)."""
+    """The sequence-parallel process group (``group.WORLD`` when it spans the job; DscoreError at degree 1)."""
     return current_mesh().get_sequence_parallel_group()
 
 
@@ -83,7 +83,7 @@ def get_sequence_parallel_rank() -> int:
 
 
 def get_data_parallel_group() -> Any:
-    """The data-parallel process group (None when it spans the world)."""
+    """The data-parallel process group (``group.WORLD`` when it spans the job)."""
     return current_mesh().get_data_parallel_group()
 
 

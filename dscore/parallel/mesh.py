@@ -197,9 +197,26 @@ class ParallelMesh:
         return self.shape.coords(self.rank)[2]
 
     # DeepSpeed's mpu interface (``deepspeed.initialize(mpu=...)`` and ``deepspeed.utils.groups``)
+    @staticmethod
+    def _group_of(comm: Any, what: str, key: str) -> Any:
+        # never None: None means "the default group" to torch.distributed, which a one-rank dimension is not
+        if comm is None:
+            from dscore.errors import DscoreError
+
+            raise DscoreError(f"{key} is 1: there is no {what} process group (check the world size accessor first)")
+        if comm.group is None:
+            import torch.distributed as dist
+
+            return dist.group.WORLD
+        return comm.group
+
     def get_tensor_model_parallel_group(self) -> Any:
-        """The tensor-parallel process group (None when it is the default group or has one rank)."""
-        return None if self.tp_comm is None else self.tp_comm.group
+        """The tensor-parallel process group (``torch.distributed`` group; ``group.WORLD`` when it spans the job).
+
+        Raises:
+            DscoreError: the tensor-parallel degree is 1 (no group exists).
+        """
+        return self._group_of(self.tp_comm, "tensor-parallel", "tensor_parallel.autotp_size")
 
     def get_tensor_model_parallel_world_size(self) -> int:
         """Tensor-parallel degree."""
@@ -218,8 +235,12 @@ class ParallelMesh:
         return self.tp_rank
 
     def get_sequence_parallel_group(self) -> Any:
-        """The sequence-parallel process group (None when it is the default group or has one rank)."""
-        return None if self.sp_comm is None else self.sp_comm.group
+        """The sequence-parallel process group (``group.WORLD`` when it spans the job).
+
+        Raises:
+            DscoreError: the sequence-parallel degree is 1 (no group exists).
+        """
+        return self._group_of(self.sp_comm, "sequence-parallel", "sequence_parallel_size")
 
     def get_sequence_parallel_world_size(self) -> int:
         """Sequence-parallel degree."""
@@ -230,8 +251,8 @@ class ParallelMesh:
         return self.sp_rank
 
     def get_data_parallel_group(self) -> Any:
-        """The data-parallel process group (None when it is the default group)."""
-        return None if self.dp_comm is None else self.dp_comm.group
+        """The data-parallel process group (``group.WORLD`` when it spans the job)."""
+        return self._group_of(self.dp_comm, "data-parallel", "the data-parallel size")
 
     def get_data_parallel_world_size(self) -> int:
         """Data-parallel degree."""
@@ -242,8 +263,8 @@ class ParallelMesh:
         return self.dp_rank
 
     def get_sequence_data_parallel_group(self) -> Any:
-        """The group gradients are reduced over (sequence x data ranks)."""
-        return None if self.grad_comm is None else self.grad_comm.group
+        """The group gradients are reduced over (sequence x data ranks; ``group.WORLD`` when it spans the job)."""
+        return self._group_of(self.grad_comm, "sequence x data", "the sequence x data size")
 
     def get_sequence_data_parallel_world_size(self) -> int:
         """``sp x dp``."""

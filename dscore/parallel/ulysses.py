@@ -35,6 +35,7 @@ import torch
 from dscore.errors import ConfigError, DscoreError
 
 __all__ = [
+    "as_comm",
     "require_ulysses_attention",
     "TiledMLP",
     "UlyssesSPAttentionHF",
@@ -50,6 +51,14 @@ log = logging.getLogger("dscore.parallel.ulysses")
 # Calls of UlyssesSPAttentionHF.forward in this process (a diagnostic count: the first forward of a
 # sequence-parallel model must run at least one, see require_ulysses_attention).
 _ATTENTION_CALLS = [0]
+
+
+def as_comm(group: Any) -> Any:
+    """A :class:`dscore.comm.Comm` for ``group``: a Comm as is; a ``torch.distributed`` group wrapped; None is
+    the default (world) group, as in ``torch.distributed``."""
+    from dscore.comm.facade import Comm
+
+    return group if isinstance(group, Comm) else Comm(group)
 
 
 def _a2a(x: torch.Tensor, comm: Any, scatter_dim: int, gather_dim: int) -> torch.Tensor:
@@ -141,7 +150,8 @@ class UlyssesSPAttentionHF(torch.nn.Module):
         attn_head_count / kv_head_count / attn_head_size: head counts and size (both counts must be
             divisible by the group size).
         num_hidden_layers: accepted for DeepSpeed compatibility (not needed).
-        process_group: the sequence-parallel :class:`dscore.comm.Comm` (``mesh.sp_comm``).
+        process_group: the sequence-parallel :class:`dscore.comm.Comm` (``mesh.sp_comm``) or its
+            ``torch.distributed`` group (``mesh.get_sequence_parallel_group()``).
 
     Raises:
         ConfigError: head counts not divisible by the group size; an input whose shape disagrees with the
@@ -162,8 +172,8 @@ class UlyssesSPAttentionHF(torch.nn.Module):
         seq_length_is_variable: bool = False,
     ) -> None:
         super().__init__()
-        self.attn, self.comm = attn, process_group
-        self.sp = 1 if process_group is None else int(process_group.world_size)
+        self.attn, self.comm = attn, as_comm(process_group)
+        self.sp = 1 if self.comm is None else int(self.comm.world_size)
         self.local_seq_length, self.global_seq_length = local_seq_length, global_seq_length
         self.batch_size, self.seq_length_is_variable = batch_size, seq_length_is_variable
         self.attn_head_count, self.kv_head_count, self.attn_head_size = attn_head_count, kv_head_count, attn_head_size
@@ -329,6 +339,7 @@ def all_gather_differentiable(tensor: torch.Tensor, comm: Any) -> torch.Tensor:
         counts = all_gather_differentiable(local_valid_tokens.float(), mesh.sp_comm)
         loss = (losses * counts).sum() / counts.sum()
     """
+    comm = as_comm(comm)
     if comm is None or int(comm.world_size) == 1:
         return tensor.unsqueeze(0)
     return _all_gather_sum_backward(tensor, comm)
@@ -353,7 +364,12 @@ class UlyssesSPDataLoaderAdapter:
     """
 
     def __init__(self, dl: Iterable[Any], sp_rank: int, sp_group: Any, sp_world_size: int, device: Any) -> None:
-        self.dl, self.sp_rank, self.comm, self.sp = dl, int(sp_rank), sp_group, int(sp_world_size)
+        self.dl, self.sp_rank, self.comm, self.sp = dl, int(sp_rank), as_comm(sp_group), int(sp_world_size)
+        if self.comm is not None and int(self.comm.world_size) != self.sp:
+            raise ConfigError(
+                f"UlyssesSPDataLoaderAdapter: sp_world_size {self.sp} but the group has {self.comm.world_size} ranks",
+                path="sequence_parallel_size",
+            )
         self.device = torch.device(device) if device is not None else None
         self._checked = False
 

@@ -53,8 +53,9 @@ def _train(seq: int, stage: int, tp: int = 1) -> dict[str, Any]:
     data = [
         {k: v[d * MICRO : (d + 1) * MICRO] for k, v in b.items()} for b in batches(STEPS, MICRO * mesh.dp_size, seq)
     ]
+    # DeepSpeed passes the torch.distributed group (a dscore Comm works as well)
     loader = UlyssesSPDataLoaderAdapter(
-        data, sp_rank=mesh.sp_rank, sp_group=mesh.sp_comm, sp_world_size=sp, device="cpu"
+        data, sp_rank=mesh.sp_rank, sp_group=mesh.get_sequence_parallel_group(), sp_world_size=sp, device="cpu"
     )
     losses, norms, logits0 = [], [], None
     for i, b in enumerate(loader):
