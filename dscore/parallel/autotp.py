@@ -209,6 +209,10 @@ def plan_autotp(model: torch.nn.Module, config: TensorParallelConfig) -> dict[st
     preset = _PRESETS.get(config.preset_model or "", []) if use_defaults else []
     used = [False] * len(specs)
     plan: dict[str, Rule] = {}
+    owners: dict[int, list[str]] = {}  # tied weights (lm_head = embed_tokens): one tensor, several modules
+    for mname, m in model.named_modules(remove_duplicate=False):
+        for pname_, p in m.named_parameters(recurse=False, remove_duplicate=False):
+            owners.setdefault(id(p), []).append(f"{mname}.{pname_}" if mname else pname_)
     for name, mod in _targets(model):
         pname = f"{name}.weight"
         rule: Rule | None = None
@@ -250,6 +254,18 @@ def plan_autotp(model: torch.nn.Module, config: TensorParallelConfig) -> dict[st
                 rule = Rule("row", "the built-in parser")
             elif any(leaf == p or re.fullmatch(p, name) for p in lm_head):
                 rule = Rule("column", "the built-in parser (lm_head)", 1, True)
+        tied = sorted(set(owners.get(id(mod.weight), [])))
+        if rule is not None and rule.kind != "skip" and len(tied) > 1:
+            if rule.source.startswith("partition_config"):
+                raise ConfigError(
+                    f"{rule.source} splits {name!r}, whose weight is tied to {', '.join(tied)}; a split would untie "
+                    "them. Give every tied module partition_type skip",
+                    path="tensor_parallel.partition_config.layer_specs",
+                )
+            log.warning(
+                "AutoTP: %s stays whole: its weight is tied (%s) and splitting would untie it", name, ", ".join(tied)
+            )
+            rule = None
         if rule is not None and rule.kind != "skip":
             if isinstance(mod, torch.nn.Embedding) and rule.kind != "embedding":
                 raise ConfigError(

@@ -97,6 +97,18 @@ def test_plan_errors_name_the_patterns() -> None:
         plan_autotp(net, TensorParallelConfig(autotp_size=2))
 
 
+def test_tied_weights_stay_whole_or_are_refused() -> None:
+    model = TinyLlama()
+    model.lm_head.weight = model.embed_tokens.weight  # tie_word_embeddings
+    plan = plan_autotp(model, TensorParallelConfig(autotp_size=2))
+    assert "lm_head" not in plan and "embed_tokens" not in plan and "layers.0.mlp.up_proj" in plan
+    cfg = TensorParallelConfig.model_validate(
+        {"autotp_size": 2, "partition_config": {"layer_specs": [{"patterns": ["lm_head"], "partition_type": "column"}]}}
+    )
+    with pytest.raises(ConfigError, match="tied to embed_tokens.weight, lm_head.weight"):
+        plan_autotp(model, cfg)
+
+
 def _mlp_fn(module: MLP, x: torch.Tensor) -> torch.Tensor:
     return module(x)
 
