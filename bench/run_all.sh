@@ -17,6 +17,7 @@ if [ "$quick" = 1 ]; then
   run bench/pipeline.py --rounds 2 --skip-ckpt
   run bench/gpt_throughput.py --steps 6 --rounds 1
   run bench/soak.py --runs 8
+  run bench/tp_sp_memory.py --hidden 128 --layers 2 --seq 256
 else
   run bench/engine_overhead.py
   run bench/dp_throughput.py
@@ -28,4 +29,5 @@ else
   run bench/pipeline.py
   run bench/gpt_throughput.py
   run bench/soak.py --runs 200
+  run bench/tp_sp_memory.py
 fi
