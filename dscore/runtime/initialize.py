@@ -7,11 +7,14 @@ already initialised process group):
 
 1. check ``model`` and find the config (``config`` / ``config_params`` / ``args.deepspeed_config`` /
    deprecated ``args.deepscale_config``);
-2. plugin manager with the config's ``plugins.disable``; ``check_healthy()``; registry; ``load_config``;
+2. plugin manager with the config's ``plugins.disable``; ``check_healthy()``; registry; ``load_config``
+   (its batch triangle counts data-parallel ranks: world / (``tensor_parallel.autotp_size`` x
+   ``sequence_parallel_size``));
 3. :meth:`dscore.runtime.runtime.Runtime.create` (accelerator, ``init_distributed``, plugin fingerprint
-   check across ranks);
-4. ``dscore_configure`` hook; precision mode (the ``PrecisionSpec`` whose ``config_key`` block is
-   enabled, else the default one); module to the device and cast;
+   check across ranks); the parallel mesh (:func:`dscore.runtime.assembly.build_mesh`, or ``mpu``);
+4. ``dscore_configure`` hook; the engine plugin builds itself (the standard one:
+   :func:`dscore.runtime.assembly.assemble`): precision mode (the ``PrecisionSpec`` whose ``config_key``
+   block is enabled, else the default one); AutoTP split; module to the device and cast;
 5. optimizer (client instance / callable / ``optimizer.type``); ZeRO stage object
    (``registry.zero_stage(config.zero_stage)``); LR scheduler over ``zero_stage.optimizer``;
 6. training data loader; monitors (rank 0, every enabled block); ``dscore_engine_created`` hook.
