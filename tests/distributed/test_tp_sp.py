@@ -2,7 +2,7 @@
 
 * 2 ranks: tp 2 (exact clipping across shards, checkpoint loaded at tp 1, same-batch check) and sp 2
   (64 tokens; uneven splits and head counts refused), see ``autotp_runs.py`` / ``ulysses_runs.py``;
-* 4 ranks: tp 2 x dp 2 at ZeRO 1 and 3, sp 2 x dp 2 at ZeRO 2 (128 tokens), tp 2 x sp 2 at ZeRO 1.
+* 4 ranks: tp 2 x dp 2 at ZeRO 1 and 3, sp 2 x dp 2 at ZeRO 3 (128 tokens), tp 2 x sp 2 at ZeRO 2.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 full sequence (rank functions and checks, run by ``test_tp_sp.py``) (outputs, losses, gradient norms and parameters after 3 AdamW steps within 1e-5).
 
 * 2 ranks, sp 2 (ZeRO 0), 64 tokens; uneven splits and head counts refused with ConfigError.
-* 4 ranks: sp 2 x dp 2 (ZeRO 2, 128 tokens) and tp 2 x sp 2 (ZeRO 1, 64 tokens: both plugins composed).
+* 4 ranks: sp 2 x dp 2 (ZeRO 3, 128 tokens) and tp 2 x sp 2 (ZeRO 2, 64 tokens: both composed).
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def two_ranks() -> dict[str, Any]:
 
 
 def four_ranks() -> list[dict[str, Any]]:
-    return [_train(128, 2), _train(64, 1, tp=2)]
+    return [_train(128, 3), _train(64, 2, tp=2)]
 
 
 def _check(res: dict[str, Any], ref: dict[str, Any], dp: int) -> None:
