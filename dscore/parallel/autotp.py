@@ -589,13 +589,16 @@ class TensorParallelStage(ZeroStage):
             same = all(torch.equal(outs[0], o) for o in outs[1:])
         else:
             same = False
+        error = None
         if not same:
             ranks = self.mesh.shape.tp_ranks(self.mesh.rank)
-            raise TPBatchMismatchError(
+            error = TPBatchMismatchError(
                 f"the ranks {ranks} of one tensor-parallel group received different inputs on the first forward; "
                 "every rank of a tensor-parallel group must get the same batch (shard the data over the "
                 "data-parallel ranks only: engine.training_dataloader does, or use mesh.dp_rank / dp_size)"
             )
+        # every rank learns the verdict, so no other group waits in a collective for the failing ranks
+        self.ctx.runtime.comm.agree(error, "the tensor-parallel same-batch check", error_types=(TPBatchMismatchError,))
 
     @property
     def optimizer(self) -> torch.optim.Optimizer | None:
