@@ -139,11 +139,11 @@ def reference_dp(steps: int, micro: int, dp: int, seq: int, clip: float = 0.0) -
     """One process on the full model and sequence. The loss of a step is the mean over ``dp`` shards of
     ``micro`` samples of their token-mean losses (what data-parallel ranks averaging gradients optimise).
 
-    Returns losses, gradient norms (before clipping), first-step logits and the final parameters.
+    Returns losses, gradient norms (before clipping), first-step logits and gradients, final parameters.
     """
     model = make_model()
     opt = torch.optim.AdamW(model.parameters(), **ADAMW)
-    losses, norms, logits0 = [], [], None
+    losses, norms, logits0, grads0 = [], [], None, {}
     for i, b in enumerate(batches(steps, micro * dp, seq)):
         logits = model(b["input_ids"])
         parts = [
@@ -155,6 +155,7 @@ def reference_dp(steps: int, micro: int, dp: int, seq: int, clip: float = 0.0) -
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))))
         if i == 0:
             logits0 = logits.detach().clone()
+            grads0 = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
         opt.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
@@ -162,6 +163,7 @@ def reference_dp(steps: int, micro: int, dp: int, seq: int, clip: float = 0.0) -
         "losses": losses,
         "norms": norms,
         "logits": logits0,
+        "grads": grads0,
         "params": {n: p.detach().clone() for n, p in model.named_parameters()},
     }
 

@@ -57,7 +57,7 @@ def _train(seq: int, stage: int, tp: int = 1) -> dict[str, Any]:
     loader = UlyssesSPDataLoaderAdapter(
         data, sp_rank=mesh.sp_rank, sp_group=mesh.get_sequence_parallel_group(), sp_world_size=sp, device="cpu"
     )
-    losses, norms, logits0 = [], [], None
+    losses, norms, logits0, grads0 = [], [], None, {}
     for i, b in enumerate(loader):
         logits = engine(b["input_ids"], b["position_ids"])
         labels = b["shift_labels"]
@@ -69,6 +69,8 @@ def _train(seq: int, stage: int, tp: int = 1) -> dict[str, Any]:
         counts = all_gather_differentiable(count, mesh.sp_comm)
         loss = sums.sum() / counts.sum()  # the token-weighted loss of the whole sequence, equal on every sp rank
         engine.backward(loss)
+        if i == 0 and stage == 0:  # ZeRO 0 keeps full gradients: after the boundary backward they are averaged
+            grads0 = {n: p.grad.detach().numpy().copy() for n, p in engine.module.named_parameters()}
         engine.step()
         norms.append(float(engine.get_global_grad_norm()))
         if i == 0:
@@ -91,6 +93,7 @@ def _train(seq: int, stage: int, tp: int = 1) -> dict[str, Any]:
         "losses": losses,
         "norms": norms,
         "logits": logits0,
+        "grads": grads0,
         "params": full,
         "dp": mesh.dp_size,
         "dp_rank": d,
@@ -152,6 +155,9 @@ def check_two_ranks(results: list[dict[str, Any]]) -> None:
         assert "63 is not divisible by sequence_parallel_size 2" in res["refused"]["uneven"]
         assert "attn_head_count = 3 is not divisible" in res["refused"]["heads"]
         assert "ran no Ulysses attention" in res["refused"]["no_ulysses"]
+        assert set(res["grads"]) == set(ref["grads"])  # first-step gradients of every parameter, sp 2 vs full
+        for name, g in ref["grads"].items():
+            assert torch.allclose(torch.from_numpy(res["grads"][name]), g, atol=1e-6, rtol=1e-5), name
 
 
 def check_four_ranks(results: list[list[dict[str, Any]]]) -> None:
