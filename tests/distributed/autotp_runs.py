@@ -28,12 +28,17 @@ def _train(stage: int, clip: float) -> dict[str, Any]:
     engine, _, _, _ = dscore.initialize(model=model, model_parameters=list(model.parameters()), config=cfg)
     mesh = engine.runtime.mesh
     d = mesh.dp_rank
-    losses, norms, logits0 = [], [], None
+    losses, norms, logits0, grads0 = [], [], None, {}
     for i, b in enumerate(batches(STEPS, MICRO * mesh.dp_size, SEQ)):
         ids, labels = b["input_ids"][d * MICRO : (d + 1) * MICRO], b["labels"][d * MICRO : (d + 1) * MICRO]
         logits = engine(ids)
         loss = causal_lm_loss(logits, labels)
         engine.backward(loss)
+        if i == 0 and stage == 0:  # ZeRO 0: this rank's (split) gradients, averaged, before the step clips them
+            from dscore.parallel.autotp import tp_params_of
+
+            specs = tp_params_of(engine.module)
+            grads0 = {n: (p.grad.detach().numpy().copy(), specs.get(n)) for n, p in engine.module.named_parameters()}
         engine.step()
         norm = engine.get_global_grad_norm()
         norms.append(None if norm is None else float(norm))
@@ -47,6 +52,7 @@ def _train(stage: int, clip: float) -> dict[str, Any]:
         "losses": losses,
         "norms": norms,
         "logits": logits0,
+        "grads": grads0,
         "params": full,
         "local_shapes": local,
         "engine": engine,
@@ -133,6 +139,13 @@ def check_two_ranks(results: list[dict[str, Any]]) -> None:
         assert res["ckpt_weights_equal"] and res["ckpt_exp_avg_equal"] and res["ckpt_back_equal"]
         assert res["ckpt_param_groups"] == 1  # the user's one group, not the internal replicated/split pair
         assert res["mismatch"] is not None and "different inputs" in res["mismatch"]
+        # first-step gradients: each rank's shard of every split parameter, the replicated ones whole
+        from dscore.parallel.tp_layers import shard_of
+
+        assert set(res["grads"]) == set(ref["grads"])
+        for name, (grad, spec) in res["grads"].items():
+            want = ref["grads"][name] if spec is None else shard_of(ref["grads"][name], spec)
+            assert torch.allclose(torch.from_numpy(grad), want, atol=1e-6, rtol=1e-5), name
         assert res["tp_model_init_rows"] == (16, 32)
         assert torch.allclose(torch.from_numpy(res["tp_model_init_logits"]), ref["logits"][:MICRO], atol=1e-5)
 

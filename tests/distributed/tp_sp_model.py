@@ -152,10 +152,10 @@ def reference_dp(steps: int, micro: int, dp: int, seq: int, clip: float = 0.0) -
         ]
         loss = torch.stack(parts).mean()
         loss.backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))))
-        if i == 0:
+        if i == 0:  # before clipping: the engine's gradients are read between backward and step
             logits0 = logits.detach().clone()
             grads0 = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip > 0 else float("inf"))))
         opt.step()
         opt.zero_grad()
         losses.append(float(loss.detach()))
