@@ -120,6 +120,11 @@ def check_tp_config(cfg: Any, *, precision_name: str, client_optimizer: Any) -> 
             path="fp16.enabled",
         )
     block = cfg.tensor_parallel
+    if block.keep_module_on_host:
+        log.warning(
+            "tensor_parallel.keep_module_on_host: true changes nothing in dscore: AutoTP splits the module where it "
+            "is, before dscore.initialize moves the shards to the device"
+        )
     if "dtype" in block.model_fields_set:
         wanted = {
             "fp32": "fp32",
