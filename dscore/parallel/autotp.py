@@ -28,6 +28,7 @@ from __future__ import annotations
 import fnmatch
 import logging
 import re
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -345,7 +346,13 @@ def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParal
     _check_heads(model, tp)
     plan = plan_autotp(model, config)
     comm = mesh.tp_comm
-    replaced: dict[int, torch.nn.Parameter] = {}
+    # old parameter id -> (weak reference to the old parameter, its successor); the weak reference guards
+    # against an id reused by a new object once the old parameter is freed
+    replaced: dict[int, tuple[Any, torch.nn.Parameter]] = {}
+
+    def record(old: torch.Tensor, new: Any) -> None:
+        replaced[id(old)] = (weakref.ref(old), new)
+
     for name, rule in plan.items():
         mod = model.get_submodule(name)
         if isinstance(mod, torch.nn.Embedding):
@@ -355,7 +362,7 @@ def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParal
                     path="tensor_parallel.autotp_size",
                 )
             emb = EmbeddingDimSplit(mod, comm=comm, tp=tp, rank=rank)
-            replaced[id(mod.weight)] = emb.weight
+            record(mod.weight, emb.weight)
             _set_module(model, name, emb)
             continue
         assert isinstance(mod, torch.nn.Linear)
@@ -373,9 +380,9 @@ def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParal
             )
         else:
             new = RowParallelLinear.from_linear(mod, comm=comm, tp=tp, rank=rank, parts=rule.parts)
-        replaced[id(mod.weight)] = new.weight  # type: ignore[assignment]
+        record(mod.weight, new.weight)
         if mod.bias is not None and new.bias is not None:
-            replaced[id(mod.bias)] = new.bias  # type: ignore[assignment]
+            record(mod.bias, new.bias)
         _set_module(model, name, new)
     model._dscore_autotp = {"tp": tp, "plan": plan, "replaced": replaced}  # type: ignore[assignment]
     log.info("AutoTP: %d module(s) split over tp %d: %s", len(plan), tp, ", ".join(sorted(plan)))
@@ -392,12 +399,14 @@ def remap_parameters(model: torch.nn.Module, model_parameters: Any) -> Any:
     if model_parameters is None:
         return None
     done = getattr(model, "_dscore_autotp", None) or {}
-    replaced: dict[int, torch.nn.Parameter] = done.get("replaced", {})
+    replaced: dict[int, tuple[Any, torch.nn.Parameter]] = done.get("replaced", {})
     owned = {id(p) for p in model.parameters()}
 
     def swap(t: Any, where: str) -> Any:
         if isinstance(t, torch.Tensor):
-            t = replaced.get(id(t), t)
+            hit = replaced.get(id(t))
+            if hit is not None and hit[0]() is t:
+                t = hit[1]
             if id(t) not in owned:
                 raise ConfigError(
                     f"model_parameters {where} is a tensor of shape {tuple(t.shape)} that is not a parameter of the "
