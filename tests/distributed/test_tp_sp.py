@@ -1,7 +1,9 @@
 """AutoTP and Ulysses against one process: one 2-rank and one 4-rank spawn run every check.
 
 * 2 ranks: tp 2 (exact clipping across shards, checkpoint loaded at tp 1, same-batch check) and sp 2
-  (64 tokens; uneven splits and head counts refused), see ``autotp_runs.py`` / ``ulysses_runs.py``;
+  (64 tokens; uneven splits and head counts refused), see ``autotp_runs.py`` / ``ulysses_runs.py``; a
+  Hugging Face Llama split by its own ``tp_plan`` and served by ``register_with_transformers``
+  (``hf_runs.py``);
 * 4 ranks: tp 2 x dp 2 at ZeRO 1 and 3, sp 2 x dp 2 at ZeRO 3 (128 tokens), tp 2 x sp 2 at ZeRO 2.
 """
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import autotp_runs
+import hf_runs
 import pytest
 import ulysses_runs
 
@@ -18,7 +21,7 @@ from dscore.testing import run_distributed
 
 
 def _two(tmp: str) -> dict[str, Any]:
-    return {"tp": autotp_runs.two_ranks(tmp), "sp": ulysses_runs.two_ranks()}
+    return {"tp": autotp_runs.two_ranks(tmp), "sp": ulysses_runs.two_ranks(), "hf": hf_runs.two_ranks()}
 
 
 def _four() -> dict[str, Any]:
@@ -30,6 +33,7 @@ def test_tensor_and_sequence_parallel_two_ranks(tmp_path: Path) -> None:
     results = run_distributed(_two, 2, str(tmp_path / "ckpt"), timeout=400)
     autotp_runs.check_two_ranks([r["tp"] for r in results])
     ulysses_runs.check_two_ranks([r["sp"] for r in results])
+    hf_runs.check_two_ranks([r["hf"] for r in results])
 
 
 @pytest.mark.slow

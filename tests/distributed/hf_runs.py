@@ -1,6 +1,6 @@
-"""AutoTP and Ulysses on a real Hugging Face Llama (``transformers``, when installed): the model's own
+"""AutoTP and Ulysses on a real Hugging Face Llama (``transformers``, a test dependency): the model's own
 ``tp_plan`` drives the split at tp 2 and ``UlyssesSPAttentionHF.register_with_transformers`` serves
-``attn_implementation="ulysses"`` at sp 2; loss, logits and gradient norm equal one process within 1e-5."""
+``attn_implementation="ulysses"`` at sp 2; loss, logits and gradient norm equal one process within 1e-5. Run by ``test_tp_sp.py``'s 2-rank spawn."""
 
 from __future__ import annotations
 
@@ -8,10 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-
-from dscore.testing import run_distributed
-
-transformers = pytest.importorskip("transformers")
 
 SEQ, MICRO = 32, 2
 
@@ -45,7 +41,7 @@ def _config(**extra: Any) -> dict[str, Any]:
     }
 
 
-def _ranks() -> dict[str, Any]:
+def two_ranks() -> dict[str, Any]:
     import dscore
     from dscore.parallel.ulysses import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter, all_gather_differentiable
 
@@ -81,9 +77,8 @@ def _ranks() -> dict[str, Any]:
     return out
 
 
-@pytest.mark.slow
-def test_hf_llama_tp_plan_and_ulysses_registration_match_one_process() -> None:
-    results = run_distributed(_ranks, 2, timeout=400)
+def check_two_ranks(results: list[dict[str, Any]]) -> None:
+    """Assertions over :func:`two_ranks`' results (one per rank), against one process."""
     model = _model()
     ids = _ids()
     ref = model(input_ids=ids, labels=ids)
