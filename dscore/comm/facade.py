@@ -115,9 +115,6 @@ def _pairwise_op(op: Any) -> bool:
 # caller's own send/recv on the same group (those default to tag 0)
 _PAIRWISE_TAG = 0x5C
 _ALLGATHER_TAG = 0x5D
-# a shared-memory all-reduce below this many bytes is one exchange of the whole tensor (each rank sums all
-# of them); from it on, a reduce-scatter then an all-gather (each rank sums only its piece)
-_SHM_ALLREDUCE_SPLIT_BYTES = 64 << 10
 
 
 class Work:
@@ -265,11 +262,17 @@ class Comm:
         """The torch backend string of ``group`` (``"gloo"``, ``"nccl"``, ...)."""
         return str(dist.get_backend(self._group(group)))
 
-    def gloo_fast(self, group: Any = None) -> bool:
-        """True when the gloo fast paths apply to ``group`` (gloo backend, ``DSCORE_GLOO_NATIVE`` unset).
+    def gloo_fast(self, group: Any = None, *tensors: torch.Tensor) -> bool:
+        """True when the gloo fast paths apply to ``group`` (gloo backend, ``DSCORE_GLOO_NATIVE`` unset) and
+        to every one of ``tensors``: only CPU tensors take them. A device tensor (CUDA, or any non-CPU
+        device) never goes through gloo point-to-point (torch has none on GPUs) or host shared memory; it
+        takes the backend's own collective.
 
-        Decided once per group (``DSCORE_GLOO_NATIVE`` is read then), so the per-bucket cost is a lookup.
+        The group part is decided once per group (``DSCORE_GLOO_NATIVE`` is read then), so the per-bucket
+        cost is a lookup.
         """
+        if any(t.device.type != "cpu" for t in tensors):
+            return False
         grp = self._group(group)
         key = id(grp)
         cached = self._gloo_fast.get(key)
@@ -364,11 +367,9 @@ class Comm:
             self._require_floating(tensor, "all_reduce")
         if self.get_world_size(grp) == 1:
             return _DONE if async_op else None
-        if _pairwise_op(rop) and tensor.is_contiguous() and tensor.dtype != torch.bool and self.gloo_fast(grp):
+        if _pairwise_op(rop) and tensor.is_contiguous() and tensor.dtype != torch.bool and self.gloo_fast(grp, tensor):
             channel = self._shm(grp, tensor)
             if channel is not None:
-                if tensor.numel() * tensor.element_size() < _SHM_ALLREDUCE_SPLIT_BYTES:
-                    return self._shm_all_reduce_whole(channel, tensor.view(-1), rop, grp, async_op)
                 return self._shm_all_reduce(channel, tensor.view(-1), rop, grp, async_op)
         if not _is_avg(rop):
             return self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op)
@@ -384,49 +385,31 @@ class Comm:
         )
 
     def _shm_all_reduce(self, channel: ShmChannel, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
-        """Sum (or average) the flat contiguous CPU ``flat`` in place by a shared-memory reduce-scatter
-        then all-gather of ``ceil(n / world_size)``-element pieces (the ring all-reduce's two halves,
-        Patarasuk & Yuan 2009, as direct exchanges). The pieces are copied out at launch, so ``flat`` is
-        free until the work is waited; piece ``r`` is summed on rank ``r`` as the pairwise reduce-scatter
-        sums (own piece, then peers in rank order), so every rank ends with the same bits.
-        """
-        world = dist.get_world_size(grp)
-        rank = dist.get_rank(grp)
-        step = -(-flat.numel() // world)
-        pieces = [flat[q * step : (q + 1) * step] for q in range(world)]
-        scatter = channel.post([pieces[q] if q != rank else None for q in range(world)], grp)
+        """Sum (or average) the flat contiguous CPU ``flat`` in place as ONE shared-memory exchange: every
+        rank posts all of ``flat`` at launch and, when waited, adds every rank's copy in rank order
+        0, 1, ... (the same order everywhere, so every rank gets the same bits).
 
-        def finish() -> None:
-            mine = pieces[rank]
-            self._sum_into(mine, mine, scatter, rank, world)
-            if _is_avg(rop):
-                mine.div_(world)
-            gather = channel.post([mine if q != rank else None for q in range(world)], grp)
-            for w in gather.works:
-                w.wait()
-            for q in range(world):
-                if q != rank:
-                    pieces[q].copy_(gather.payload(q, pieces[q]))
-            gather.done()
-
-        return self._launched(scatter.works, async_op, finish)
-
-    def _shm_all_reduce_whole(self, channel: ShmChannel, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
-        """A small all-reduce as one shared-memory exchange: every rank posts all of ``flat`` and adds every
-        rank's copy in rank order 0, 1, ... (the same order everywhere, so every rank gets the same bits).
-        On this 2-core machine: ~0.1 ms where gloo's all-reduce of a few elements takes 1-2 ms."""
+        One exchange, launched whole: a two-phase algorithm (reduce-scatter, then all-gather of the
+        reduced pieces) would have to post its second phase from ``wait()`` and could deadlock with a
+        peer blocked in another collective, or number its phases in wait order; this one needs nothing
+        from a peer after the launch. Cost: each rank reads ``world - 1`` copies (2 ranks: the same
+        bytes as the two phases)."""
         world = dist.get_world_size(grp)
         rank = dist.get_rank(grp)
         exchange = channel.post([flat if q != rank else None for q in range(world)], grp)
 
-        def finish() -> None:  # flat is untouched until the end (torch's contract for in-flight tensors)
-            total = (flat if rank == 0 else exchange.payload(0, flat)).clone()
-            for q in range(1, world):
-                total.add_(flat if q == rank else exchange.payload(q, flat))
+        def finish() -> None:  # flat is untouched until now (torch's contract for in-flight tensors)
+            parts = [flat if q == rank else exchange.payload(q, flat) for q in range(world)]
+            # writing into flat is safe while flat is one of the first two operands (rank 0 or 1)
+            out = flat if rank < 2 else torch.empty_like(flat)
+            torch.add(parts[0], parts[1], out=out)
+            for q in range(2, world):
+                out.add_(parts[q])
             exchange.done()
             if _is_avg(rop):
-                total.div_(world)
-            flat.copy_(total)
+                out.div_(world)
+            if out is not flat:
+                flat.copy_(out)
 
         return self._launched(exchange.works, async_op, finish)
 
@@ -488,10 +471,10 @@ class Comm:
             full = input.view(-1) if reusable else input.detach().clone().reshape(-1)
             return self._emulated_slice(full, output, rop, grp, async_op)
 
-        if self.gloo_fast(grp) and _pairwise_op(rop):
+        if self.gloo_fast(grp, input, output) and _pairwise_op(rop):
             flat = input.reshape(-1) if input.is_contiguous() else input.contiguous().view(-1)
             return self._pairwise_reduce_scatter(list(flat.split(n)), output, rop, grp, async_op)
-        if self.gloo_fast(grp) or (_is_avg(rop) and "avg" in self._emulated):
+        if self.gloo_fast(grp, input, output) or (_is_avg(rop) and "avg" in self._emulated):
             return emulated()
         native_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -545,7 +528,7 @@ class Comm:
             full = torch.cat([t.detach().reshape(-1) for t in input_list])
             return self._emulated_slice(full, output, rop, grp, async_op)
 
-        if self.gloo_fast(grp) and _pairwise_op(rop) and output.is_contiguous():
+        if self.gloo_fast(grp, output, *input_list) and _pairwise_op(rop) and output.is_contiguous():
             chunks = [
                 t.detach().reshape(-1) if t.is_contiguous() else t.detach().contiguous().view(-1) for t in input_list
             ]
@@ -647,7 +630,7 @@ class Comm:
             if flat_out.data_ptr() != input.data_ptr():
                 flat_out.copy_(input.reshape(-1))
             return _DONE if async_op else None
-        if self.gloo_fast(grp):
+        if self.gloo_fast(grp, input, output):
             return self._pairwise_all_gather(input.reshape(-1), list(flat_out.split(n)), grp, async_op)
         src = input.contiguous().view(-1)
         if src.data_ptr() == flat_out[dist.get_rank(grp) * n :].data_ptr():
@@ -675,7 +658,9 @@ class Comm:
             if tensor_list[0].data_ptr() != tensor.data_ptr():
                 tensor_list[0].copy_(tensor)
             return _DONE if async_op else None
-        if self.gloo_fast(grp) and tensor.is_contiguous() and all(t.is_contiguous() for t in tensor_list):
+        if self.gloo_fast(grp, tensor, *tensor_list) and tensor.is_contiguous() and all(
+            t.is_contiguous() for t in tensor_list
+        ):
             return self._pairwise_all_gather(tensor, tensor_list, grp, async_op)
         return self._result(dist.all_gather(tensor_list, tensor, group=grp, async_op=async_op), async_op)
 
