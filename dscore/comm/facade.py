@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from dscore.comm.shm import ShmChannel, channel_for
+from dscore.comm.transports import Transport, pick
+from dscore.comm.work import DONE, Work
 from dscore.errors import DistributedError, DscoreError
 
 if TYPE_CHECKING:
@@ -111,52 +112,7 @@ def _pairwise_op(op: Any) -> bool:
     return op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG
 
 
-# point-to-point tags of the pairwise reduce-scatter and all-gather; keep their transfers apart from a
-# caller's own send/recv on the same group (those default to tag 0)
-_PAIRWISE_TAG = 0x5C
-_ALLGATHER_TAG = 0x5D
-
-
-class Work:
-    """An asynchronous collective (or several launched together) and the step that finishes it.
-
-    ``wait()`` waits for every underlying ``torch.distributed`` work, then runs ``finish`` (e.g. copying
-    this rank's slice out of an all-reduced buffer, or dividing for an emulated average) exactly once;
-    later calls return at once. A ``Work`` with nothing pending runs ``finish`` immediately.
-
-    Args:
-        works: torch work handles (``None`` entries are ignored).
-        finish: a no-argument callable run once everything completed, or None.
-    """
-
-    __slots__ = ("_works", "_finish")
-
-    def __init__(self, works: Iterable[Any] = (), finish: Callable[[], Any] | None = None) -> None:
-        self._works = [w for w in works if w is not None]
-        self._finish = finish
-        if not self._works and finish is not None:
-            finish()
-            self._finish = None
-
-    def wait(self, timeout: Any = None) -> bool:
-        """Wait for the collective(s), then run the finishing step once; returns True."""
-        for w in self._works:
-            if timeout is None:
-                w.wait()
-            else:
-                w.wait(timeout)
-        self._works = []
-        if self._finish is not None:
-            fin, self._finish = self._finish, None
-            fin()
-        return True
-
-    def is_completed(self) -> bool:
-        """True once :meth:`wait` returned (or when nothing was pending)."""
-        return not self._works and self._finish is None
-
-
-_DONE = Work()
+_DONE = DONE
 
 
 class RankFailure:
@@ -325,22 +281,11 @@ class Comm:
             finish()
         return None
 
-    @staticmethod
-    def _launched(works: list[Any], async_op: bool, finish: Callable[[], Any] | None = None) -> Work | None:
-        """Point-to-point transfers already started asynchronously: their :class:`Work` (async), or None
-        once waited for and finished (sync)."""
-        work = Work(works, finish)
-        if async_op:
-            return work
-        work.wait()
-        return None
-
-    def _shm(self, grp: Any, tensor: torch.Tensor) -> ShmChannel | None:
-        """The group's shared-memory channel for a pairwise exchange of CPU ``tensor`` data, or None
-        (collective on the group's first exchange: see :func:`dscore.comm.shm.channel_for`)."""
-        if tensor.device.type != "cpu":
-            return None
-        return channel_for(grp, dist.get_world_size(grp), dist.get_rank(grp))
+    def _transport(self, grp: Any, *tensors: torch.Tensor) -> Transport | None:
+        """The pairwise transport for these tensors on ``grp`` (shared memory or gloo point-to-point), or
+        None for the backend's own collective: see :func:`dscore.comm.transports.pick` (device tensors
+        always take the backend's)."""
+        return pick(grp, self.gloo_fast(grp), tensors)
 
     @staticmethod
     def _require_floating(tensor: torch.Tensor, what: str) -> None:
@@ -367,10 +312,12 @@ class Comm:
             self._require_floating(tensor, "all_reduce")
         if self.get_world_size(grp) == 1:
             return _DONE if async_op else None
-        if _pairwise_op(rop) and tensor.is_contiguous() and tensor.dtype != torch.bool and self.gloo_fast(grp, tensor):
-            channel = self._shm(grp, tensor)
-            if channel is not None:
-                return self._shm_all_reduce(channel, tensor.view(-1), rop, grp, async_op)
+        if _pairwise_op(rop) and tensor.is_contiguous() and tensor.dtype != torch.bool:
+            transport = self._transport(grp, tensor)
+            if transport is not None:
+                done = transport.all_reduce(tensor.view(-1), rop, grp, async_op)
+                if done is not NotImplemented:
+                    return done  # type: ignore[return-value]
         if not _is_avg(rop):
             return self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op)
 
@@ -383,45 +330,6 @@ class Comm:
             lambda: self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op),
             emulated,
         )
-
-    def _shm_all_reduce(self, channel: ShmChannel, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
-        """Sum (or average) the flat contiguous CPU ``flat`` in place as ONE shared-memory exchange: every
-        rank posts all of ``flat`` at launch and, when waited, adds every rank's copy in rank order
-        0, 1, ... (the same order everywhere, so every rank gets the same bits).
-
-        One exchange, launched whole: a two-phase algorithm (reduce-scatter, then all-gather of the
-        reduced pieces) would have to post its second phase from ``wait()`` and could deadlock with a
-        peer blocked in another collective, or number its phases in wait order; this one needs nothing
-        from a peer after the launch. Cost: each rank reads ``world - 1`` copies (2 ranks: the same
-        bytes as the two phases)."""
-        world = dist.get_world_size(grp)
-        rank = dist.get_rank(grp)
-        exchange = channel.post([flat if q != rank else None for q in range(world)], grp)
-
-        def finish() -> None:  # flat is untouched until now (torch's contract for in-flight tensors)
-            parts = [flat if q == rank else exchange.payload(q, flat) for q in range(world)]
-            # writing into flat is safe while flat is one of the first two operands (rank 0 or 1)
-            out = flat if rank < 2 else torch.empty_like(flat)
-            torch.add(parts[0], parts[1], out=out)
-            for q in range(2, world):
-                out.add_(parts[q])
-            exchange.done()
-            if _is_avg(rop):
-                out.div_(world)
-            if out is not flat:
-                flat.copy_(out)
-
-        return self._launched(exchange.works, async_op, finish)
-
-    @staticmethod
-    def _sum_into(out: torch.Tensor, own: torch.Tensor, exchange: Any, rank: int, world: int) -> None:
-        """``out = own + payload(q)`` over the peers ``q`` in rank order (the fixed order of every pairwise
-        reduction); marks the exchange read. ``out`` may alias ``own``."""
-        peers = [q for q in range(world) if q != rank]
-        torch.add(own, exchange.payload(peers[0], own), out=out)
-        for q in peers[1:]:
-            out.add_(exchange.payload(q, own))
-        exchange.done()
 
     def reduce_scatter_tensor(
         self,
@@ -471,10 +379,11 @@ class Comm:
             full = input.view(-1) if reusable else input.detach().clone().reshape(-1)
             return self._emulated_slice(full, output, rop, grp, async_op)
 
-        if self.gloo_fast(grp, input, output) and _pairwise_op(rop):
+        transport = self._transport(grp, input, output)
+        if transport is not None and _pairwise_op(rop):
             flat = input.reshape(-1) if input.is_contiguous() else input.contiguous().view(-1)
-            return self._pairwise_reduce_scatter(list(flat.split(n)), output, rop, grp, async_op)
-        if self.gloo_fast(grp, input, output) or (_is_avg(rop) and "avg" in self._emulated):
+            return transport.reduce_scatter(list(flat.split(n)), output, rop, grp, async_op)
+        if transport is not None or (_is_avg(rop) and "avg" in self._emulated):
             return emulated()
         native_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -528,61 +437,15 @@ class Comm:
             full = torch.cat([t.detach().reshape(-1) for t in input_list])
             return self._emulated_slice(full, output, rop, grp, async_op)
 
-        if self.gloo_fast(grp, output, *input_list) and _pairwise_op(rop) and output.is_contiguous():
+        transport = self._transport(grp, output, *input_list) if _pairwise_op(rop) and output.is_contiguous() else None
+        if transport is not None:
             chunks = [
                 t.detach().reshape(-1) if t.is_contiguous() else t.detach().contiguous().view(-1) for t in input_list
             ]
-            return self._pairwise_reduce_scatter(chunks, output, rop, grp, async_op)
+            return transport.reduce_scatter(chunks, output, rop, grp, async_op)
         if _is_avg(rop) and "avg" in self._emulated:
             return emulated()
         return self._native_or_emulated("reduce_scatter", native, emulated)
-
-    def _pairwise_reduce_scatter(
-        self, chunks: list[torch.Tensor], output: torch.Tensor, rop: Any, grp: Any, async_op: bool
-    ) -> Any:
-        """Sum (or average) ``chunks[r]`` of every rank into ``output`` on rank ``r`` by direct exchange.
-
-        ``chunks``: ``world_size`` flat contiguous tensors of ``output.numel()`` elements each (views of the
-        caller's input, read until the work completes; never written). Each peer ``q`` gets ``chunks[q]``
-        by ``isend``; this rank's chunk from every peer arrives by ``irecv`` into one receive buffer of
-        ``(world_size - 1) x n`` elements. The finishing step adds them to this rank's own chunk in rank
-        order (a fixed order, so the result is deterministic), then divides for an average. ``output`` may
-        alias ``chunks[rank]``. Point-to-point transfers of one group are matched in posting order per peer
-        and tag, so reduce-scatters launched in the same order on every rank (the collective contract)
-        pair up correctly while several are in flight.
-        """
-        world = dist.get_world_size(grp)
-        rank = dist.get_rank(grp)
-        n = output.numel()
-        if n == 0:
-            return _DONE if async_op else None
-        channel = self._shm(grp, output)
-        if channel is not None:
-            exchange = channel.post([chunks[q] if q != rank else None for q in range(world)], grp)
-
-            def finish_shm() -> None:
-                self._sum_into(output.view(-1), chunks[rank], exchange, rank, world)
-                if _is_avg(rop):
-                    output.div_(world)
-
-            return self._launched(exchange.works, async_op, finish_shm)
-        peers = [q for q in range(world) if q != rank]
-        received = torch.empty((world - 1, n), dtype=output.dtype, device=output.device)
-        works = []
-        for i, q in enumerate(peers):
-            peer = q if grp is None else dist.get_global_rank(grp, q)
-            works.append(dist.isend(chunks[q], dst=peer, group=grp, tag=_PAIRWISE_TAG))
-            works.append(dist.irecv(received[i], src=peer, group=grp, tag=_PAIRWISE_TAG))
-
-        def finish() -> None:
-            flat_out = output.view(-1)
-            torch.add(chunks[rank], received[0], out=flat_out)
-            for i in range(1, world - 1):
-                flat_out.add_(received[i])
-            if _is_avg(rop):
-                flat_out.div_(world)
-
-        return self._launched(works, async_op, finish)
 
     def _emulated_slice(self, full: torch.Tensor, output: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
         """All-reduce the flat ``full`` (world_size x output.numel() elements), then copy this rank's slice."""
@@ -630,8 +493,9 @@ class Comm:
             if flat_out.data_ptr() != input.data_ptr():
                 flat_out.copy_(input.reshape(-1))
             return _DONE if async_op else None
-        if self.gloo_fast(grp, input, output):
-            return self._pairwise_all_gather(input.reshape(-1), list(flat_out.split(n)), grp, async_op)
+        transport = self._transport(grp, input, output)
+        if transport is not None:
+            return transport.all_gather(input.reshape(-1), list(flat_out.split(n)), grp, async_op)
         src = input.contiguous().view(-1)
         if src.data_ptr() == flat_out[dist.get_rank(grp) * n :].data_ptr():
             src = src.clone()  # collectives may not read and write the same memory
@@ -658,43 +522,11 @@ class Comm:
             if tensor_list[0].data_ptr() != tensor.data_ptr():
                 tensor_list[0].copy_(tensor)
             return _DONE if async_op else None
-        if self.gloo_fast(grp, tensor, *tensor_list) and tensor.is_contiguous() and all(
-            t.is_contiguous() for t in tensor_list
-        ):
-            return self._pairwise_all_gather(tensor, tensor_list, grp, async_op)
+        contiguous = tensor.is_contiguous() and all(t.is_contiguous() for t in tensor_list)
+        transport = self._transport(grp, tensor, *tensor_list) if contiguous else None
+        if transport is not None:
+            return transport.all_gather(tensor, tensor_list, grp, async_op)
         return self._result(dist.all_gather(tensor_list, tensor, group=grp, async_op=async_op), async_op)
-
-    def _pairwise_all_gather(
-        self, src: torch.Tensor, outs: Sequence[torch.Tensor], grp: Any, async_op: bool
-    ) -> Work | None:
-        """``outs[q]`` receives rank ``q``'s ``src`` by direct exchange (gloo fast path, module docstring).
-
-        ``src`` and every ``outs[q]`` contiguous, with equal element counts; ``src`` may be ``outs[rank]``.
-        This rank's ``src`` goes to every peer by ``isend`` (read until the work completes) and each peer's
-        arrives by ``irecv`` straight into its output.
-        """
-        rank = dist.get_rank(grp)
-        if outs[rank].data_ptr() != src.data_ptr():
-            outs[rank].copy_(src.view_as(outs[rank]))
-        channel = self._shm(grp, src)
-        if channel is not None:
-            flat_src = src.view(-1)
-            exchange = channel.post([flat_src if q != rank else None for q in range(len(outs))], grp)
-
-            def finish() -> None:
-                for q, out in enumerate(outs):
-                    if q != rank:
-                        out.view(-1).copy_(exchange.payload(q, flat_src))
-                exchange.done()
-
-            return self._launched(exchange.works, async_op, finish)
-        works = []
-        for q in range(len(outs)):
-            if q != rank:
-                peer = q if grp is None else dist.get_global_rank(grp, q)
-                works.append(dist.isend(src, dst=peer, group=grp, tag=_ALLGATHER_TAG))
-                works.append(dist.irecv(outs[q], src=peer, group=grp, tag=_ALLGATHER_TAG))
-        return self._launched(works, async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Work | None:
         """Copy global rank ``src``'s ``tensor`` into ``tensor`` on every rank (in place)."""
