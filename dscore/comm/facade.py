@@ -22,23 +22,18 @@ the fallbacks below live here and nowhere else:
   a caller never needs to know which path ran. ``async_op=False`` returns ``None`` (torch's contract).
 * **One rank.** A group of one rank (or no process group at all: rank 0 of 1, e.g. ``dscore.zero.Init``
   before ``init_distributed``) runs no collective: gathers and reduce-scatters are local copies.
-* **gloo fast paths.** On gloo, ``all_gather_into_tensor`` / ``all_gather`` and a sum/average ``reduce_scatter_tensor`` /
-  ``reduce_scatter`` are pairwise point-to-point exchanges, every transfer in flight at once. All-gather:
-  every rank sends its chunk to each peer and receives each peer's chunk straight into the output.
-  Reduce-scatter: every rank sends chunk ``q`` of its input to rank ``q`` and adds the
-  ``world_size - 1`` chunks it receives to its own, in rank order. Each rank sends and receives
-  ``(world_size - 1) / world_size`` of the data, a ring's volume (half of what an all-reduce moves).
-  Measured on loopback, 2 ranks: the reduce-scatter takes 0.4-0.6x the time of gloo's all-reduce
-  (4-16 MB) and 0.3-0.5x of gloo's reduce-scatter; the all-gather 0.6-0.75x of one broadcast per owner
-  and 0.3-0.5x of gloo's all-gather (0.5-2 MB). Other reduce ops use an all-reduce and a slice copy.
-  When every rank of the group runs on one host, these exchanges and sum/average all-reduces (from
-  64 KiB a reduce-scatter then an all-gather, below it one exchange of the whole tensor) move through
-  shared memory, signalled by futexes, without gloo (:mod:`dscore.comm.shm`; ``DSCORE_SHM=0`` turns
-  it off). Measured, 2 ranks: a 1 MiB all-gather 0.22 ms (gloo pairwise 0.79 ms), a 1 MiB all-reduce
-  0.36 ms (gloo 2.5 ms), a 64-element all-reduce 0.1 ms (gloo 1-2 ms).
-  ``DSCORE_GLOO_NATIVE=1`` turns the fast paths off (gloo's own calls are used). Pass
-  ``input_reusable=True`` to :meth:`Comm.reduce_scatter_tensor` when the input may be overwritten: the
-  all-reduce fallback then runs in place instead of on a copy, and ``output`` may alias this rank's chunk.
+* **Transports.** Each call picks a transport (:mod:`dscore.comm.transports`), then runs the collective
+  on it: the backend's own collective (``torch.distributed``; the default, and always for a non-CPU
+  tensor), gloo point-to-point (:mod:`~dscore.comm.transports.p2p`: on gloo, all-gathers and sum/average
+  reduce-scatters as pairwise exchanges, a ring's volume per rank) or same-host shared memory
+  (:mod:`~dscore.comm.transports.shm`: the same exchanges and sum/average all-reduces, when every rank of
+  the group is on this host; ``DSCORE_SHM=0`` turns it off). Every transport launches all of a
+  collective's transfers in the launching call, numbered in launch order, so ``wait()`` only completes
+  and any wait order (or a work never waited) gives torch's results. Other reduce ops use an all-reduce
+  and a slice copy. ``DSCORE_GLOO_NATIVE=1`` turns the pairwise transports off (gloo's own calls are
+  used). Pass ``input_reusable=True`` to :meth:`Comm.reduce_scatter_tensor` when the input may be
+  overwritten: the all-reduce fallback then runs in place instead of on a copy, and ``output`` may alias
+  this rank's chunk.
 * **Agreeing on errors.** :meth:`Comm.agree` all-gathers each rank's outcome of a phase (None or an
   exception) so a failure on one rank raises the same error on every rank instead of hanging the others
   in the next collective (checkpoint save/load ends each phase with it).
