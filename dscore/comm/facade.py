@@ -312,7 +312,7 @@ class Comm:
             if transport is not None:
                 done = transport.all_reduce(tensor.view(-1), rop, grp, async_op)
                 if done is not NotImplemented:
-                    return done  # type: ignore[return-value]
+                    return done  # type: ignore[no-any-return]
         if not _is_avg(rop):
             return self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op)
 

@@ -565,6 +565,7 @@ class Exchange:
             DistributedError: the peer sent another size (the ranks launched different collectives).
         """
         out, by_slot = self._channel._payload(q, like, self._grp, self._seq)
+        self._expect = [e for e in self._expect if e[0] != q]  # read: nothing left to drain from q
         if by_slot:
             self._by_slot.append(q)
         return out
@@ -577,9 +578,12 @@ class Exchange:
         self._finished = True
 
     def __del__(self) -> None:
-        if not self._finished and self._expect:
+        if not self._finished:
             try:
-                self._channel._abandon(self._seq, self._expect)
+                if self._by_slot:  # read but not acknowledged (the finishing step raised)
+                    self._channel._acknowledge(self._seq, self._by_slot)
+                if self._expect:
+                    self._channel._abandon(self._seq, self._expect)
             except Exception:  # noqa: BLE001 - never raise from a finaliser
                 pass
 

@@ -23,9 +23,9 @@ class Transport(Protocol):
 
     name: str
 
-    def all_reduce(self, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Work | None | type[NotImplemented]:
-        """Sum (``rop`` SUM) or average (AVG) ``flat`` in place; ``NotImplemented`` when this transport
-        leaves all-reduces to the backend."""
+    def all_reduce(self, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
+        """Sum (``rop`` SUM) or average (AVG) ``flat`` in place: a :class:`Work`, None (finished), or
+        ``NotImplemented`` when this transport leaves all-reduces to the backend."""
 
     def reduce_scatter(self, chunks: list[torch.Tensor], output: torch.Tensor, rop: Any, grp: Any,
                        async_op: bool) -> Work | None:
