@@ -103,7 +103,7 @@ def _reference(kind: str, keep: dict[str, Any], src: int, world: int, rank: int)
     return inp
 
 
-def _run_schedules(base_seed: int, count: int) -> dict[str, Any]:
+def _run_schedules(base_seed: int, count: int, transport: str = "shm") -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
@@ -158,25 +158,26 @@ def _run_schedules(base_seed: int, count: int) -> dict[str, Any]:
             checked += 1
             kinds[kind] = kinds.get(kind, 0) + 1
     channel = channel_for(None, world, rank)
-    assert channel is not None, "the shared-memory transport was not used"
+    assert (channel is not None) == (transport == "shm"), "the wrong transport was used"
     return {
         "schedules": count, "checked": checked, "unwaited": unwaited, "kinds": kinds,
-        "shm_bytes": channel.shm_bytes, "tcp_bytes": channel.tcp_bytes,
+        "shm_bytes": channel.shm_bytes if channel else 0, "tcp_bytes": channel.tcp_bytes if channel else 0,
     }
 
 
 _FAST = {2: 120, 3: 70, 4: 50}
 
 
-def _check(world: int, count: int, seed: int) -> None:
-    results = run_distributed(_run_schedules, world, seed, count, timeout=1800,
-                              env={"DSCORE_SHM_BYTES": str(_OUTBOX)})
+def _check(world: int, count: int, seed: int, transport: str = "shm") -> None:
+    env = {"DSCORE_SHM_BYTES": str(_OUTBOX)} if transport == "shm" else {"DSCORE_SHM": "0"}
+    results = run_distributed(_run_schedules, world, seed, count, transport, timeout=1800, env=env)
     assert all(r["schedules"] == count for r in results)
     assert all(set(r["kinds"]) == set(_KINDS) for r in results), results  # every kind drawn and checked
     assert all(r["unwaited"] > 0 for r in results)
-    assert all(r["shm_bytes"] > 0 and r["tcp_bytes"] > 0 for r in results), results  # both sides of the limit
+    if transport == "shm":
+        assert all(r["shm_bytes"] > 0 and r["tcp_bytes"] > 0 for r in results), results  # both sides of the limit
     checked, unwaited = sum(r["checked"] for r in results), sum(r["unwaited"] for r in results)
-    print(f"world {world}: {count} schedules, {checked} rank-outputs checked, {unwaited} never waited")
+    print(f"{transport} world {world}: {count} schedules, {checked} rank-outputs checked, {unwaited} never waited")
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -189,3 +190,10 @@ def test_generated_schedules_match_gloo(world: int) -> None:
 def test_generated_schedules_match_gloo_soak(world: int) -> None:
     count = int(os.environ.get("DSCORE_PROPERTY_SCHEDULES", "200"))
     _check(world, count, seed=10_000_000 + 1_000_000 * world)
+
+
+@pytest.mark.slow
+def test_generated_schedules_match_gloo_point_to_point() -> None:
+    # the same schedules over gloo point-to-point (DSCORE_SHM=0): launch-time posting there too
+    count = int(os.environ.get("DSCORE_PROPERTY_SCHEDULES", "200")) // 2
+    _check(3, count, seed=20_000_000, transport="p2p")
