@@ -14,7 +14,7 @@ every dtype whatever the order.
 Schedules are drawn by a seeded generator that every rank runs with the same seed (each rank's waits
 from ``seed + rank``), so a failure names ``(seed, schedule)`` to replay. Many schedules run inside ONE
 spawned job per world size (spawning per schedule would cost ~5 s each). The fast tier runs
-``_FAST`` schedules (240 in all); the slow tier ``DSCORE_PROPERTY_SCHEDULES`` per world size (default 200, other
+``_FAST`` schedules (240 in all); the slow tier ``DSCORE_PROPERTY_SCHEDULES`` per world size (default 150, other
 seeds; set it to thousands for a soak run).
 """
 
@@ -188,12 +188,12 @@ def test_generated_schedules_match_gloo(world: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_generated_schedules_match_gloo_soak(world: int) -> None:
-    count = int(os.environ.get("DSCORE_PROPERTY_SCHEDULES", "200"))
+    count = int(os.environ.get("DSCORE_PROPERTY_SCHEDULES", "150"))
     _check(world, count, seed=10_000_000 + 1_000_000 * world)
 
 
 @pytest.mark.slow
 def test_generated_schedules_match_gloo_point_to_point() -> None:
     # the same schedules over gloo point-to-point (DSCORE_SHM=0): launch-time posting there too
-    count = int(os.environ.get("DSCORE_PROPERTY_SCHEDULES", "200")) // 2
+    count = int(os.environ.get("DSCORE_PROPERTY_SCHEDULES", "150")) // 2
     _check(3, count, seed=20_000_000, transport="p2p")
