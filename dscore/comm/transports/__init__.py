@@ -1,7 +1,8 @@
 """The transports :class:`dscore.comm.Comm` runs a collective on, one module each, behind one interface.
 
-* :mod:`~dscore.comm.transports.native` — the backend's own collectives (``torch.distributed``: NCCL,
-  gloo, any registered backend); the default, and the only one a device tensor ever takes.
+* native — the backend's own collectives (``torch.distributed``: NCCL, gloo, any registered backend),
+  run by :class:`~dscore.comm.Comm` itself together with its exact emulations of what a backend lacks
+  (:func:`pick` returns None); the default, and the only one a device tensor ever takes.
 * :mod:`~dscore.comm.transports.p2p` — gloo point-to-point: all-gathers and sum/average reduce-scatters as
   pairwise ``isend``/``irecv`` exchanges (CPU tensors on gloo).
 * :mod:`~dscore.comm.transports.shm` — same-host shared memory (:mod:`dscore.comm.shm`): those exchanges
