@@ -260,7 +260,7 @@ class ShmChannel:
         self._ring: deque[tuple[int, int, int]] = deque()  # outbox regions in posting order: (start, end, number)
         self._posted = 0  # exchanges launched (the last one's number)
         self._sends: deque[tuple[Any, torch.Tensor]] = deque()  # gloo sends in flight, with what they read
-        self._abandoned: list[tuple[int, list[tuple[int, int]]]] = []  # exchanges dropped unwaited
+        self._abandoned: list[tuple[int, list[tuple[int, int]], Any]] = []  # exchanges dropped unwaited
         self._timeout = _timeout()
         self.shm_bytes = 0
         self.tcp_bytes = 0
@@ -368,7 +368,7 @@ class ShmChannel:
         """
         self._posted += 1
         seq = self._posted
-        self._drain_abandoned(grp)
+        self._drain_abandoned()
         self._release_read_regions()
         while self._sends and self._sends[0][0].is_completed():  # oldest first: they complete in order
             self._sends.popleft()
@@ -453,32 +453,45 @@ class ShmChannel:
         for q in peers:
             self._sync.store_release(self._own + self._ack_off(q, seq), seq)
 
-    def _abandon(self, seq: int, expect: list[tuple[int, int]]) -> None:
-        """An exchange dropped without being read: drained at the next post (it may still need gloo
-        receives, which must not run inside a garbage collection)."""
-        self._abandoned.append((seq, expect))
+    def _abandon(self, seq: int, expect: list[tuple[int, int]], grp: Any) -> None:
+        """An exchange dropped without being read: drained at the next post or flush (it may still need
+        gloo receives, which must not run inside a garbage collection)."""
+        self._abandoned.append((seq, expect, grp))
 
-    def _drain_abandoned(self, grp: Any) -> None:
+    def _drain_abandoned(self) -> None:
+        """Read (and discard) what peers posted for exchanges dropped unwaited, acknowledging it; a gloo
+        part is received so its sender's send completes. Parts not posted yet are kept for later."""
         keep = []
-        for seq, expect in self._abandoned:
+        for seq, expect, grp in self._abandoned:
             left = []
             for q, nbytes in expect:
                 peer = self._peer(q)
                 if int(self._sync.load_acquire(peer.ctrl.data_ptr() + self._posted_off(self.rank))) < seq:
-                    left.append((q, nbytes))  # not posted yet: try again at a later post
+                    if peer.alive():
+                        left.append((q, nbytes))  # not posted yet: try again at a later post
                     continue
                 _, by_slot = self._payload(q, torch.empty(nbytes, dtype=torch.uint8, device="cpu"), grp, seq)
                 if by_slot:
                     self._acknowledge(seq, [q])
             if left:
-                keep.append((seq, left))
+                keep.append((seq, left, grp))
         self._abandoned = keep
 
     def flush(self, timeout: float) -> int:
-        """Wait (at most ``timeout`` seconds in all) for this rank's gloo sends still in flight: a peer
-        receives them only when it waits the exchange, so a rank that is done must not exit before.
-        Returns how many were left undelivered (0 normally)."""
+        """Wait (at most ``timeout`` seconds in all) for this rank's gloo sends still in flight (a peer
+        receives them only when it reads the exchange, so a rank that is done must not exit before),
+        while receiving the gloo parts of exchanges this rank dropped unwaited (so its peers' sends
+        complete too: two ranks flushing at exit never wait for each other). Returns how many sends were
+        left undelivered (0 normally)."""
         deadline = time.monotonic() + timeout
+        while self._abandoned and time.monotonic() < deadline:  # first: peers' parts (they posted at launch)
+            try:
+                self._drain_abandoned()
+            except DistributedError as exc:  # a peer is gone: what it posted can no longer be received
+                log.warning("shared-memory exchange: could not drain an unwaited exchange: %s", exc)
+                self._abandoned = []
+            if self._abandoned:
+                time.sleep(0.01)  # a peer has not launched that exchange yet
         while self._sends:
             w, _ = self._sends[0]
             left = deadline - time.monotonic()
@@ -583,7 +596,7 @@ class Exchange:
                 if self._by_slot:  # read but not acknowledged (the finishing step raised)
                     self._channel._acknowledge(self._seq, self._by_slot)
                 if self._expect:
-                    self._channel._abandon(self._seq, self._expect)
+                    self._channel._abandon(self._seq, self._expect, self._grp)
             except Exception:  # noqa: BLE001 - never raise from a finaliser
                 pass
 
@@ -593,7 +606,7 @@ def flush_pending_sends(timeout: float = 60.0) -> int:
     process group is destroyed and at interpreter exit. Returns the sends left undelivered."""
     left = 0
     for channel in list(_channels.values()):
-        if channel is not None and channel._sends:
+        if channel is not None and (channel._sends or channel._abandoned):
             left += channel.flush(timeout)
     return left
 
