@@ -20,6 +20,11 @@ Usage::
 
 Also runs torch FSDP2 (``fully_shard`` on a CPU mesh, gloo) as the stage-3 peer (``--no-fsdp2`` skips it).
 
+The physical bound (issue 27): the row ``no-comm`` runs the same two ranks stepping with no communication
+at all, each rank alone on its share of the batch (plain model, the same AdamW for-each and clipping, no
+process-group call between the timing barriers). Every row is also reported as a fraction of it
+(``vs bound``): what data parallelism costs over running the two shares independently.
+
 DeepSpeed rows (``deepspeed-stageN``) run when DeepSpeed 0.19.8 is importable (the separate bench venv,
 bench/README.md): the dscore row's config plus ``foreach: true`` for its ``torch_adam``, ``DS_ACCELERATOR=cpu``,
 on the bench's gloo process group; ``bench/_deepspeed_peer.py`` checks on every rank before timing that
@@ -111,6 +116,8 @@ def _warm_imports(variant: str) -> None:
         m = DDP(tiny)
         m(x).sum().backward()
         del m
+    elif variant == "no-comm":
+        tiny(x).sum().backward()
     elif variant == "fsdp2":
         m = _fsdp2(torch.nn.Sequential(torch.nn.Linear(8, 8)))
         m(x).sum().backward()
@@ -162,8 +169,10 @@ def _worker(variant: str, hidden: int, layers: int, micro: int, steps: int, warm
     model = _mlp(hidden, layers)
     from dscore.runtime.timers import PhaseTimers, active_timers
 
-    if variant in ("ddp", "fsdp2"):
-        if variant == "ddp":
+    if variant in ("ddp", "fsdp2", "no-comm"):
+        if variant == "no-comm":
+            ddp = model  # the bound: this rank alone on its share of the batch, nothing exchanged
+        elif variant == "ddp":
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ddp = DDP(model)
@@ -298,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stages = [int(s) for s in args.stages.split(",") if s.strip()]
     widths = [int(w) for w in args.widths.split(",") if w.strip()] or [args.hidden]
-    variants = ["ddp"] + [f"dscore-stage{s}" for s in stages]
+    variants = ["no-comm", "ddp"] + [f"dscore-stage{s}" for s in stages]
     if not args.no_fsdp2:
         variants.append("fsdp2")
     rows = ", ".join(f"deepspeed-stage{s}" for s in stages)
@@ -340,12 +349,13 @@ def main(argv: list[str] | None = None) -> int:
     lines = []
     for w in widths:
         ddp_speed = speed(w, "ddp")
+        bound_speed = speed(w, "no-comm")
         lines.append(f"\nhidden {w}")
-        lines.append(f"{'variant':<18}{'steps/s':>9}{'vs DDP':>8}" + "".join(
+        lines.append(f"{'variant':<18}{'steps/s':>9}{'vs DDP':>8}{'vs bound':>9}" + "".join(
             f"{f'r{k} peak MB':>12}{f'r{k} grow MB':>12}{'grow/DDP':>10}" for k in range(2)
         ))
         for v in variants:
-            row = f"{v:<18}{speed(w, v):>9.2f}{speed(w, v) / ddp_speed:>8.3f}"
+            row = f"{v:<18}{speed(w, v):>9.2f}{speed(w, v) / ddp_speed:>8.3f}{speed(w, v) / bound_speed:>9.3f}"
             for k in range(2):
                 grow = rss(w, v, k, "delta")
                 row += f"{rss(w, v, k, 'abs') / 2**20:>12.1f}{grow / 2**20:>12.1f}{grow / max(1.0, rss(w, 'ddp', k, 'delta')):>10.3f}"
@@ -364,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write("\n".join(lines) + "\n")
     sys.stdout.write(
         "targets: stage0 >= 0.97, stage1-2 >= 0.95, stage3 >= 0.85 x DDP steps/s; "
-        "RSS growth stage1-2 <= 1.0x, stage3 <= 0.85x DDP; stage3 >= FSDP2 steps/s, <= FSDP2 RSS (shared machine: noisy)\n"
+        "RSS growth stage1-2 <= 1.0x, stage3 <= 0.85x DDP; stage3 >= FSDP2 steps/s, <= FSDP2 RSS (shared machine: noisy); "
+        "'vs bound': fraction of the no-communication bound (each rank alone on its share)\n"
     )
     if args.chart and _chart(args.chart, widths, variants, speed, lambda w, v, k: rss(w, v, k, "delta")):
         log.info("chart: %s", args.chart)

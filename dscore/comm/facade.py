@@ -22,23 +22,18 @@ the fallbacks below live here and nowhere else:
   a caller never needs to know which path ran. ``async_op=False`` returns ``None`` (torch's contract).
 * **One rank.** A group of one rank (or no process group at all: rank 0 of 1, e.g. ``dscore.zero.Init``
   before ``init_distributed``) runs no collective: gathers and reduce-scatters are local copies.
-* **gloo fast paths.** On gloo, ``all_gather_into_tensor`` / ``all_gather`` and a sum/average ``reduce_scatter_tensor`` /
-  ``reduce_scatter`` are pairwise point-to-point exchanges, every transfer in flight at once. All-gather:
-  every rank sends its chunk to each peer and receives each peer's chunk straight into the output.
-  Reduce-scatter: every rank sends chunk ``q`` of its input to rank ``q`` and adds the
-  ``world_size - 1`` chunks it receives to its own, in rank order. Each rank sends and receives
-  ``(world_size - 1) / world_size`` of the data, a ring's volume (half of what an all-reduce moves).
-  Measured on loopback, 2 ranks: the reduce-scatter takes 0.4-0.6x the time of gloo's all-reduce
-  (4-16 MB) and 0.3-0.5x of gloo's reduce-scatter; the all-gather 0.6-0.75x of one broadcast per owner
-  and 0.3-0.5x of gloo's all-gather (0.5-2 MB). Other reduce ops use an all-reduce and a slice copy.
-  When every rank of the group runs on one host, these exchanges and sum/average all-reduces (from
-  64 KiB a reduce-scatter then an all-gather, below it one exchange of the whole tensor) move through
-  shared memory, signalled by futexes, without gloo (:mod:`dscore.comm.shm`; ``DSCORE_SHM=0`` turns
-  it off). Measured, 2 ranks: a 1 MiB all-gather 0.22 ms (gloo pairwise 0.79 ms), a 1 MiB all-reduce
-  0.36 ms (gloo 2.5 ms), a 64-element all-reduce 0.1 ms (gloo 1-2 ms).
-  ``DSCORE_GLOO_NATIVE=1`` turns the fast paths off (gloo's own calls are used). Pass
-  ``input_reusable=True`` to :meth:`Comm.reduce_scatter_tensor` when the input may be overwritten: the
-  all-reduce fallback then runs in place instead of on a copy, and ``output`` may alias this rank's chunk.
+* **Transports.** Each call picks a transport (:mod:`dscore.comm.transports`), then runs the collective
+  on it: the backend's own collective (``torch.distributed``; the default, and always for a non-CPU
+  tensor), gloo point-to-point (:mod:`~dscore.comm.transports.p2p`: on gloo, all-gathers and sum/average
+  reduce-scatters as pairwise exchanges, a ring's volume per rank) or same-host shared memory
+  (:mod:`~dscore.comm.transports.shm`: the same exchanges and sum/average all-reduces, when every rank of
+  the group is on this host; ``DSCORE_SHM=0`` turns it off). Every transport launches all of a
+  collective's transfers in the launching call, numbered in launch order, so ``wait()`` only completes
+  and any wait order (or a work never waited) gives torch's results. Other reduce ops use an all-reduce
+  and a slice copy. ``DSCORE_GLOO_NATIVE=1`` turns the pairwise transports off (gloo's own calls are
+  used). Pass ``input_reusable=True`` to :meth:`Comm.reduce_scatter_tensor` when the input may be
+  overwritten: the all-reduce fallback then runs in place instead of on a copy, and ``output`` may alias
+  this rank's chunk.
 * **Agreeing on errors.** :meth:`Comm.agree` all-gathers each rank's outcome of a phase (None or an
   exception) so a failure on one rank raises the same error on every rank instead of hanging the others
   in the next collective (checkpoint save/load ends each phase with it).
@@ -57,7 +52,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from dscore.comm.shm import ShmChannel, channel_for
+from dscore.comm.transports import Transport, pick
+from dscore.comm.work import DONE, Work
 from dscore.errors import DistributedError, DscoreError
 
 if TYPE_CHECKING:
@@ -111,55 +107,7 @@ def _pairwise_op(op: Any) -> bool:
     return op == dist.ReduceOp.SUM or op == dist.ReduceOp.AVG
 
 
-# point-to-point tags of the pairwise reduce-scatter and all-gather; keep their transfers apart from a
-# caller's own send/recv on the same group (those default to tag 0)
-_PAIRWISE_TAG = 0x5C
-_ALLGATHER_TAG = 0x5D
-# a shared-memory all-reduce below this many bytes is one exchange of the whole tensor (each rank sums all
-# of them); from it on, a reduce-scatter then an all-gather (each rank sums only its piece)
-_SHM_ALLREDUCE_SPLIT_BYTES = 64 << 10
-
-
-class Work:
-    """An asynchronous collective (or several launched together) and the step that finishes it.
-
-    ``wait()`` waits for every underlying ``torch.distributed`` work, then runs ``finish`` (e.g. copying
-    this rank's slice out of an all-reduced buffer, or dividing for an emulated average) exactly once;
-    later calls return at once. A ``Work`` with nothing pending runs ``finish`` immediately.
-
-    Args:
-        works: torch work handles (``None`` entries are ignored).
-        finish: a no-argument callable run once everything completed, or None.
-    """
-
-    __slots__ = ("_works", "_finish")
-
-    def __init__(self, works: Iterable[Any] = (), finish: Callable[[], Any] | None = None) -> None:
-        self._works = [w for w in works if w is not None]
-        self._finish = finish
-        if not self._works and finish is not None:
-            finish()
-            self._finish = None
-
-    def wait(self, timeout: Any = None) -> bool:
-        """Wait for the collective(s), then run the finishing step once; returns True."""
-        for w in self._works:
-            if timeout is None:
-                w.wait()
-            else:
-                w.wait(timeout)
-        self._works = []
-        if self._finish is not None:
-            fin, self._finish = self._finish, None
-            fin()
-        return True
-
-    def is_completed(self) -> bool:
-        """True once :meth:`wait` returned (or when nothing was pending)."""
-        return not self._works and self._finish is None
-
-
-_DONE = Work()
+_DONE = DONE
 
 
 class RankFailure:
@@ -265,11 +213,17 @@ class Comm:
         """The torch backend string of ``group`` (``"gloo"``, ``"nccl"``, ...)."""
         return str(dist.get_backend(self._group(group)))
 
-    def gloo_fast(self, group: Any = None) -> bool:
-        """True when the gloo fast paths apply to ``group`` (gloo backend, ``DSCORE_GLOO_NATIVE`` unset).
+    def gloo_fast(self, group: Any = None, *tensors: torch.Tensor) -> bool:
+        """True when the gloo fast paths apply to ``group`` (gloo backend, ``DSCORE_GLOO_NATIVE`` unset) and
+        to every one of ``tensors``: only CPU tensors take them. A device tensor (CUDA, or any non-CPU
+        device) never goes through gloo point-to-point (torch has none on GPUs) or host shared memory; it
+        takes the backend's own collective.
 
-        Decided once per group (``DSCORE_GLOO_NATIVE`` is read then), so the per-bucket cost is a lookup.
+        The group part is decided once per group (``DSCORE_GLOO_NATIVE`` is read then), so the per-bucket
+        cost is a lookup.
         """
+        if any(t.device.type != "cpu" for t in tensors):
+            return False
         grp = self._group(group)
         key = id(grp)
         cached = self._gloo_fast.get(key)
@@ -322,22 +276,11 @@ class Comm:
             finish()
         return None
 
-    @staticmethod
-    def _launched(works: list[Any], async_op: bool, finish: Callable[[], Any] | None = None) -> Work | None:
-        """Point-to-point transfers already started asynchronously: their :class:`Work` (async), or None
-        once waited for and finished (sync)."""
-        work = Work(works, finish)
-        if async_op:
-            return work
-        work.wait()
-        return None
-
-    def _shm(self, grp: Any, tensor: torch.Tensor) -> ShmChannel | None:
-        """The group's shared-memory channel for a pairwise exchange of CPU ``tensor`` data, or None
-        (collective on the group's first exchange: see :func:`dscore.comm.shm.channel_for`)."""
-        if tensor.device.type != "cpu":
-            return None
-        return channel_for(grp, dist.get_world_size(grp), dist.get_rank(grp))
+    def _transport(self, grp: Any, *tensors: torch.Tensor) -> Transport | None:
+        """The pairwise transport for these tensors on ``grp`` (shared memory or gloo point-to-point), or
+        None for the backend's own collective: see :func:`dscore.comm.transports.pick` (device tensors
+        always take the backend's)."""
+        return pick(grp, self.gloo_fast(grp), tensors)
 
     @staticmethod
     def _require_floating(tensor: torch.Tensor, what: str) -> None:
@@ -364,12 +307,12 @@ class Comm:
             self._require_floating(tensor, "all_reduce")
         if self.get_world_size(grp) == 1:
             return _DONE if async_op else None
-        if _pairwise_op(rop) and tensor.is_contiguous() and tensor.dtype != torch.bool and self.gloo_fast(grp):
-            channel = self._shm(grp, tensor)
-            if channel is not None:
-                if tensor.numel() * tensor.element_size() < _SHM_ALLREDUCE_SPLIT_BYTES:
-                    return self._shm_all_reduce_whole(channel, tensor.view(-1), rop, grp, async_op)
-                return self._shm_all_reduce(channel, tensor.view(-1), rop, grp, async_op)
+        if _pairwise_op(rop) and tensor.is_contiguous() and tensor.dtype != torch.bool:
+            transport = self._transport(grp, tensor)
+            if transport is not None:
+                done = transport.all_reduce(tensor.view(-1), rop, grp, async_op)
+                if done is not NotImplemented:
+                    return done  # type: ignore[no-any-return]
         if not _is_avg(rop):
             return self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op)
 
@@ -382,63 +325,6 @@ class Comm:
             lambda: self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op),
             emulated,
         )
-
-    def _shm_all_reduce(self, channel: ShmChannel, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
-        """Sum (or average) the flat contiguous CPU ``flat`` in place by a shared-memory reduce-scatter
-        then all-gather of ``ceil(n / world_size)``-element pieces (the ring all-reduce's two halves,
-        Patarasuk & Yuan 2009, as direct exchanges). The pieces are copied out at launch, so ``flat`` is
-        free until the work is waited; piece ``r`` is summed on rank ``r`` as the pairwise reduce-scatter
-        sums (own piece, then peers in rank order), so every rank ends with the same bits.
-        """
-        world = dist.get_world_size(grp)
-        rank = dist.get_rank(grp)
-        step = -(-flat.numel() // world)
-        pieces = [flat[q * step : (q + 1) * step] for q in range(world)]
-        scatter = channel.post([pieces[q] if q != rank else None for q in range(world)], grp)
-
-        def finish() -> None:
-            mine = pieces[rank]
-            self._sum_into(mine, mine, scatter, rank, world)
-            if _is_avg(rop):
-                mine.div_(world)
-            gather = channel.post([mine if q != rank else None for q in range(world)], grp)
-            for w in gather.works:
-                w.wait()
-            for q in range(world):
-                if q != rank:
-                    pieces[q].copy_(gather.payload(q, pieces[q]))
-            gather.done()
-
-        return self._launched(scatter.works, async_op, finish)
-
-    def _shm_all_reduce_whole(self, channel: ShmChannel, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
-        """A small all-reduce as one shared-memory exchange: every rank posts all of ``flat`` and adds every
-        rank's copy in rank order 0, 1, ... (the same order everywhere, so every rank gets the same bits).
-        On this 2-core machine: ~0.1 ms where gloo's all-reduce of a few elements takes 1-2 ms."""
-        world = dist.get_world_size(grp)
-        rank = dist.get_rank(grp)
-        exchange = channel.post([flat if q != rank else None for q in range(world)], grp)
-
-        def finish() -> None:  # flat is untouched until the end (torch's contract for in-flight tensors)
-            total = (flat if rank == 0 else exchange.payload(0, flat)).clone()
-            for q in range(1, world):
-                total.add_(flat if q == rank else exchange.payload(q, flat))
-            exchange.done()
-            if _is_avg(rop):
-                total.div_(world)
-            flat.copy_(total)
-
-        return self._launched(exchange.works, async_op, finish)
-
-    @staticmethod
-    def _sum_into(out: torch.Tensor, own: torch.Tensor, exchange: Any, rank: int, world: int) -> None:
-        """``out = own + payload(q)`` over the peers ``q`` in rank order (the fixed order of every pairwise
-        reduction); marks the exchange read. ``out`` may alias ``own``."""
-        peers = [q for q in range(world) if q != rank]
-        torch.add(own, exchange.payload(peers[0], own), out=out)
-        for q in peers[1:]:
-            out.add_(exchange.payload(q, own))
-        exchange.done()
 
     def reduce_scatter_tensor(
         self,
@@ -488,10 +374,11 @@ class Comm:
             full = input.view(-1) if reusable else input.detach().clone().reshape(-1)
             return self._emulated_slice(full, output, rop, grp, async_op)
 
-        if self.gloo_fast(grp) and _pairwise_op(rop):
+        transport = self._transport(grp, input, output)
+        if transport is not None and _pairwise_op(rop):
             flat = input.reshape(-1) if input.is_contiguous() else input.contiguous().view(-1)
-            return self._pairwise_reduce_scatter(list(flat.split(n)), output, rop, grp, async_op)
-        if self.gloo_fast(grp) or (_is_avg(rop) and "avg" in self._emulated):
+            return transport.reduce_scatter(list(flat.split(n)), output, rop, grp, async_op)
+        if transport is not None or (_is_avg(rop) and "avg" in self._emulated):
             return emulated()
         native_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -545,61 +432,15 @@ class Comm:
             full = torch.cat([t.detach().reshape(-1) for t in input_list])
             return self._emulated_slice(full, output, rop, grp, async_op)
 
-        if self.gloo_fast(grp) and _pairwise_op(rop) and output.is_contiguous():
+        transport = self._transport(grp, output, *input_list) if _pairwise_op(rop) and output.is_contiguous() else None
+        if transport is not None:
             chunks = [
                 t.detach().reshape(-1) if t.is_contiguous() else t.detach().contiguous().view(-1) for t in input_list
             ]
-            return self._pairwise_reduce_scatter(chunks, output, rop, grp, async_op)
+            return transport.reduce_scatter(chunks, output, rop, grp, async_op)
         if _is_avg(rop) and "avg" in self._emulated:
             return emulated()
         return self._native_or_emulated("reduce_scatter", native, emulated)
-
-    def _pairwise_reduce_scatter(
-        self, chunks: list[torch.Tensor], output: torch.Tensor, rop: Any, grp: Any, async_op: bool
-    ) -> Any:
-        """Sum (or average) ``chunks[r]`` of every rank into ``output`` on rank ``r`` by direct exchange.
-
-        ``chunks``: ``world_size`` flat contiguous tensors of ``output.numel()`` elements each (views of the
-        caller's input, read until the work completes; never written). Each peer ``q`` gets ``chunks[q]``
-        by ``isend``; this rank's chunk from every peer arrives by ``irecv`` into one receive buffer of
-        ``(world_size - 1) x n`` elements. The finishing step adds them to this rank's own chunk in rank
-        order (a fixed order, so the result is deterministic), then divides for an average. ``output`` may
-        alias ``chunks[rank]``. Point-to-point transfers of one group are matched in posting order per peer
-        and tag, so reduce-scatters launched in the same order on every rank (the collective contract)
-        pair up correctly while several are in flight.
-        """
-        world = dist.get_world_size(grp)
-        rank = dist.get_rank(grp)
-        n = output.numel()
-        if n == 0:
-            return _DONE if async_op else None
-        channel = self._shm(grp, output)
-        if channel is not None:
-            exchange = channel.post([chunks[q] if q != rank else None for q in range(world)], grp)
-
-            def finish_shm() -> None:
-                self._sum_into(output.view(-1), chunks[rank], exchange, rank, world)
-                if _is_avg(rop):
-                    output.div_(world)
-
-            return self._launched(exchange.works, async_op, finish_shm)
-        peers = [q for q in range(world) if q != rank]
-        received = torch.empty((world - 1, n), dtype=output.dtype, device=output.device)
-        works = []
-        for i, q in enumerate(peers):
-            peer = q if grp is None else dist.get_global_rank(grp, q)
-            works.append(dist.isend(chunks[q], dst=peer, group=grp, tag=_PAIRWISE_TAG))
-            works.append(dist.irecv(received[i], src=peer, group=grp, tag=_PAIRWISE_TAG))
-
-        def finish() -> None:
-            flat_out = output.view(-1)
-            torch.add(chunks[rank], received[0], out=flat_out)
-            for i in range(1, world - 1):
-                flat_out.add_(received[i])
-            if _is_avg(rop):
-                flat_out.div_(world)
-
-        return self._launched(works, async_op, finish)
 
     def _emulated_slice(self, full: torch.Tensor, output: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
         """All-reduce the flat ``full`` (world_size x output.numel() elements), then copy this rank's slice."""
@@ -647,8 +488,9 @@ class Comm:
             if flat_out.data_ptr() != input.data_ptr():
                 flat_out.copy_(input.reshape(-1))
             return _DONE if async_op else None
-        if self.gloo_fast(grp):
-            return self._pairwise_all_gather(input.reshape(-1), list(flat_out.split(n)), grp, async_op)
+        transport = self._transport(grp, input, output)
+        if transport is not None:
+            return transport.all_gather(input.reshape(-1), list(flat_out.split(n)), grp, async_op)
         src = input.contiguous().view(-1)
         if src.data_ptr() == flat_out[dist.get_rank(grp) * n :].data_ptr():
             src = src.clone()  # collectives may not read and write the same memory
@@ -675,41 +517,11 @@ class Comm:
             if tensor_list[0].data_ptr() != tensor.data_ptr():
                 tensor_list[0].copy_(tensor)
             return _DONE if async_op else None
-        if self.gloo_fast(grp) and tensor.is_contiguous() and all(t.is_contiguous() for t in tensor_list):
-            return self._pairwise_all_gather(tensor, tensor_list, grp, async_op)
+        contiguous = tensor.is_contiguous() and all(t.is_contiguous() for t in tensor_list)
+        transport = self._transport(grp, tensor, *tensor_list) if contiguous else None
+        if transport is not None:
+            return transport.all_gather(tensor, tensor_list, grp, async_op)
         return self._result(dist.all_gather(tensor_list, tensor, group=grp, async_op=async_op), async_op)
-
-    def _pairwise_all_gather(
-        self, src: torch.Tensor, outs: Sequence[torch.Tensor], grp: Any, async_op: bool
-    ) -> Work | None:
-        """``outs[q]`` receives rank ``q``'s ``src`` by direct exchange (gloo fast path, module docstring).
-
-        ``src`` and every ``outs[q]`` contiguous, with equal element counts; ``src`` may be ``outs[rank]``.
-        This rank's ``src`` goes to every peer by ``isend`` (read until the work completes) and each peer's
-        arrives by ``irecv`` straight into its output.
-        """
-        rank = dist.get_rank(grp)
-        if outs[rank].data_ptr() != src.data_ptr():
-            outs[rank].copy_(src.view_as(outs[rank]))
-        channel = self._shm(grp, src)
-        if channel is not None:
-            flat_src = src.view(-1)
-            exchange = channel.post([flat_src if q != rank else None for q in range(len(outs))], grp)
-
-            def finish() -> None:
-                for q, out in enumerate(outs):
-                    if q != rank:
-                        out.view(-1).copy_(exchange.payload(q, flat_src))
-                exchange.done()
-
-            return self._launched(exchange.works, async_op, finish)
-        works = []
-        for q in range(len(outs)):
-            if q != rank:
-                peer = q if grp is None else dist.get_global_rank(grp, q)
-                works.append(dist.isend(src, dst=peer, group=grp, tag=_ALLGATHER_TAG))
-                works.append(dist.irecv(outs[q], src=peer, group=grp, tag=_ALLGATHER_TAG))
-        return self._launched(works, async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Work | None:
         """Copy global rank ``src``'s ``tensor`` into ``tensor`` on every rank (in place)."""

@@ -190,8 +190,13 @@ class ProcessGroupOwner:
         """
         try:
             if not self.destroy("the interpreter is exiting"):
+                # the user's group: deliver and drop dscore's own work on it, then let gloo's threads drop
+                # the collectives they finished while the interpreter is alive (a worker that does so
+                # during finalization needs the GIL and aborts the process: issue 27, item 5)
                 flush_pending_sends()
                 release_torch_group_pins()
+                if _backend_thread_activity() is not None:
+                    _wait_for_idle_backend_threads()
         except Exception as exc:  # noqa: BLE001 - exit must go on; say what happened
             log.warning("could not end the process group cleanly at exit: %s", exc)
 

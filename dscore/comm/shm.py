@@ -3,50 +3,66 @@
 gloo moves every byte through TCP, also between processes of one host: on loopback a 2-rank exchange
 of 8 MiB per direction took 9 ms (0.9 GB/s), where a memory copy of the same bytes takes 0.3 ms. When
 every rank of a group runs on the same host, :class:`ShmChannel` moves the payloads through memory the
-ranks share and signals with futexes; gloo is used only when the shared memory cannot take an exchange:
+ranks share and signals with futexes; gloo is used only when the shared memory cannot take an exchange.
 
-* each rank owns an **outbox**: ``memfd`` extents (anonymous shared memory, freed by the kernel when the
-  process exits, so a crash leaks nothing) that its peers map through ``/proc/<pid>/fd/<fd>``;
-* a pairwise exchange (:meth:`ShmChannel.post`) copies each payload into a free region of the outbox and
-  *posts* it to every peer through a **control segment** (also ``memfd``, mapped by the peers): a
-  descriptor ``(number, mode, fd, offset, nbytes)`` in the slot of this exchange's number, then the exchange
-  number in the peer's *posted* word, then a ``FUTEX_WAKE`` on that word. A peer waiting for the payload
-  sleeps in ``FUTEX_WAIT`` on the word (microseconds to wake, where a gloo point-to-point token took
-  0.3-0.7 ms on this 2-core machine) and reads the payload straight from the mapped region
-  (:meth:`Exchange.payload`);
-* exchanges are numbered in posting order, the same on every rank (the collective contract). A reader
-  acknowledges each exchange it read in its own control segment (a ring of 4096 slots per peer); a slot
-  and a region are reused once acknowledged. Nothing ever waits for an acknowledgement: while a slot
-  is still held (more than 4096 exchanges in flight, or a work never waited) the exchange sends its
-  descriptor and payload by gloo ``isend`` on a tag of its own, as without shared memory.
-* when the outbox is at its limit (``DSCORE_SHM_BYTES``, default 256 MiB of address space; pages
-  cost memory only once written) the payload goes by gloo ``isend`` on a tag of its own (mode 2), as
-  without shared memory. A peer that never waits its work only holds regions, it cannot block anyone.
-  Such gloo sends are waited lazily (waiting them in order could deadlock ranks that wait exchanges in
-  different orders) and delivered by :func:`flush_pending_sends` before dscore destroys a group and at exit.
+**Segments and how peers reach them.** Each rank owns two ``memfd`` segments (anonymous shared memory,
+freed by the kernel when the last process holding them exits, so a crash leaks nothing): an *outbox*
+(``DSCORE_SHM_BYTES``, default 256 MiB of address space; pages cost memory only once written) and a
+*control segment* (posted words, descriptors, acknowledgements). Both are sealed against shrinking and
+growing (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``), so a peer's mapping can never be cut under a
+reader. At set-up, every rank listens on an abstract Unix socket whose name carries a random token of
+this job (drawn by group rank 0 and shared through the process group), and hands its two descriptors to
+each peer with ``SCM_RIGHTS``; the receiving rank checks the sender's credentials (``SO_PEERCRED``: the
+peer's pid and this user's uid), opens a ``pidfd`` of the peer while the socket is still connected (so
+the pidfd names that process, never a reused pid), and maps the peer's segments **read-only**. Nothing
+goes through ``/proc``; two jobs on one host never learn each other's token or descriptors.
 
-:func:`channel_for` decides once per group, collectively, whether the channel is used: every rank must
-be on one host (same host name, boot id and PID namespace), able to map a peer's extent, and not have
-``DSCORE_SHM=0``. Otherwise (or for CUDA tensors) the caller uses plain gloo transfers.
+**An exchange** (:meth:`ShmChannel.post`) is numbered when it is *launched*: every collective is one
+exchange, posted in full by the launching call, so numbers follow launch order on every rank (the
+collective contract) and any wait order is legal. Posting copies each payload into a free region of the
+outbox, writes a descriptor ``(number, mode, offset, nbytes)`` into the slot of this number for the peer
+and stores the number into the peer's *posted* word, waking it with ``FUTEX_WAKE``. A reader waits for
+the posted word to reach the number (``FUTEX_WAIT``), reads the descriptor and the payload straight from
+the mapped outbox (:meth:`Exchange.payload`) and acknowledges the number in its own control segment
+(:meth:`Exchange.done`); a region and a slot are reused only once every peer acknowledged them. Nothing
+ever waits for an acknowledgement: while a slot is still held (more than 4096 exchanges in flight) the
+descriptor goes by gloo ``isend`` on a tag of the exchange's own, and when the outbox is full the payload
+does too. An exchange whose work is dropped without ``wait()`` is acknowledged when it is collected (and
+its gloo parts received and discarded at the next post), so it never holds a region or desynchronises
+later exchanges.
 
-Memory ordering: a payload and its descriptor are stored before the posted word, and read after the
-posted word was seen; x86-64 keeps stores in program order and loads ahead of later stores (and glibc
-fences its non-temporal copies), so the channel is enabled on Linux x86-64 only; elsewhere gloo carries
-the payloads. A peer that exits, or stays silent for ``DSCORE_SHM_TIMEOUT`` seconds (default 1800, gloo's
-default timeout), makes the wait raise :class:`~dscore.errors.DistributedError` naming the rank.
+**Memory ordering** is written in C++ (the ``shm_sync`` op, ``csrc/comm/shm_sync.cpp``, built with ninja
+like the other ops): descriptors and posted words are published with a full fence then a release store
+(so even non-temporal stores of the payload copy are visible first), read with acquire loads; an
+acknowledgement is a release store the writer reads with an acquire load before it reuses a region.
+futex return codes are checked (a failing call raises; ``EINTR``/``EAGAIN``/``ETIMEDOUT`` are expected).
+
+**Failures.** A waiting rank checks its peer's pidfd at least every 0.2 s: a peer that exited before
+posting makes the wait raise :class:`~dscore.errors.DistributedError` naming the rank within a fraction
+of a second (a payload it posted before exiting is still read: the mapping keeps the memory). A peer
+that stays silent for ``DSCORE_SHM_TIMEOUT`` seconds (default 1800, gloo's default), or for the timeout
+given to ``Work.wait(timeout)``, raises the same error with the timeout named.
+
+:func:`channel_for` decides once per group, collectively, whether the channel is used: every rank must be
+on one Linux host (same host name, boot id and PID namespace), have the ``shm_sync`` op, be able to pass
+descriptors to its peers, and not have ``DSCORE_SHM=0``. Otherwise the caller uses plain gloo transfers.
+Only CPU tensors ever go through it (a device tensor is never copied through host shared memory).
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
+import fcntl
 import logging
 import mmap
 import os
-import platform
+import secrets
+import select
 import socket
+import struct
 import sys
 import time
+import warnings
 import weakref
 from collections import deque
 from collections.abc import Sequence
@@ -56,7 +72,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dscore.errors import DistributedError
+from dscore.errors import DistributedError, DscoreError
 
 __all__ = ["Exchange", "ShmChannel", "channel_for", "flush_pending_sends", "shm_enabled"]
 
@@ -65,7 +81,6 @@ log = logging.getLogger("dscore.comm")
 _MODE_SHM = 1
 _MODE_TCP = 2
 _ALIGN = 64  # bytes: regions start on cache-line boundaries
-_EXTENT_MIN = 16 << 20  # bytes of address space per extent (pages are allocated when written)
 _DEFAULT_LIMIT = 256 << 20
 _PAYLOAD_TAG_BASE = 1 << 24
 _PAYLOAD_TAG_SPAN = 1 << 20
@@ -73,65 +88,57 @@ _LIMIT_ENV = "DSCORE_SHM_BYTES"
 _ENABLE_ENV = "DSCORE_SHM"
 _TIMEOUT_ENV = "DSCORE_SHM_TIMEOUT"
 _RING = 4096  # descriptor and acknowledgement slots per peer
-_DESC = 5  # int64 words of a descriptor: exchange number, mode, fd, offset, nbytes
-_PEER_WORDS = 1 + _DESC * _RING + _RING  # per peer in a control segment: posted, descriptors, acks
-_SYS_FUTEX = 202  # x86-64
-_FUTEX_WAIT = 0
-_FUTEX_WAKE = 1
+_DESC = 4  # int64 words of a descriptor: exchange number, mode, offset, nbytes
+_PEER_WORDS = 8 + _DESC * _RING + _RING  # per peer in a control segment: posted word (+pad), descriptors, acks
+_LIVENESS_POLL_S = 0.2  # how often a waiting rank checks that the peer process still exists
+_SEALS = ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_SEAL")
 
 _channels: weakref.WeakKeyDictionary[Any, ShmChannel | None] = weakref.WeakKeyDictionary()
 _flush_registered = False
+_sync_op: Any = None
 
 
 def shm_enabled() -> bool:
-    """False when ``DSCORE_SHM=0`` or off Linux x86-64 (module docstring): every payload then goes by TCP."""
+    """False when ``DSCORE_SHM=0`` or when this platform lacks what the channel needs (Linux ``memfd``,
+    ``pidfd_open``, descriptor passing): every payload then goes by TCP."""
     return (
         os.environ.get(_ENABLE_ENV, "1") != "0"
-        and hasattr(os, "memfd_create")
         and sys.platform.startswith("linux")
-        and platform.machine() in ("x86_64", "AMD64")
+        and hasattr(os, "memfd_create")
+        and hasattr(os, "pidfd_open")
+        and hasattr(socket, "send_fds")
+        and all(hasattr(fcntl, s) for s in _SEALS)
     )
 
 
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+def _sync() -> Any:
+    """The ``shm_sync`` op module (built with ninja on first use; cached)."""
+    global _sync_op
+    if _sync_op is None:
+        from dscore.ops import get_op_builder
 
-
-_libc: Any = None
-
-
-def _futex(addr: int, op: int, val: int, timeout: float | None = None) -> None:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    ts = None
-    if timeout is not None:
-        ts = ctypes.byref(_Timespec(int(timeout), int((timeout % 1) * 1e9)))
-    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), ctypes.c_int(op), ctypes.c_int(val), ts, None, ctypes.c_int(0))
-
-
-def _low32(v: int) -> int:
-    """The low half of a 64-bit word as the signed 32-bit value ``FUTEX_WAIT`` compares (little-endian)."""
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v >= 1 << 31 else v
-
-
-def _alive(pid: int) -> bool:
-    """False once ``pid`` has exited (also while it is a zombie its parent has not reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-            state = fh.read().rsplit(")", 1)[-1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+        _sync_op = get_op_builder("shm_sync").load()
+    return _sync_op
 
 
 def _timeout() -> float:
     raw = os.environ.get(_TIMEOUT_ENV, "").strip()
     try:
-        return float(raw) if raw else 1800.0
+        value = float(raw) if raw else 1800.0
     except ValueError:
-        raise DistributedError(f"environment variable {_TIMEOUT_ENV}={raw!r} must be a number of seconds") from None
+        value = -1.0
+    if not value > 0:
+        raise DistributedError(f"environment variable {_TIMEOUT_ENV}={raw!r} must be a positive number of seconds")
+    return value
+
+
+def _seconds(timeout: Any) -> float | None:
+    """A ``Work.wait`` timeout (timedelta, seconds, or None) in seconds."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
 
 
 def _host_key() -> tuple[str, str, int]:
@@ -145,78 +152,115 @@ def _host_key() -> tuple[str, str, int]:
 
 
 def _payload_tag(seq: int) -> int:
-    """The tag of exchange ``seq``'s TCP payload: its own, so a payload matches its receive whatever order
-    the exchanges are finished in."""
+    """The tag of exchange ``seq``'s TCP parts: its own, so they match their receives in any wait order."""
     return _PAYLOAD_TAG_BASE + seq % _PAYLOAD_TAG_SPAN
 
 
 def _limit() -> int:
     raw = os.environ.get(_LIMIT_ENV, "").strip()
     try:
-        return int(raw) if raw else _DEFAULT_LIMIT
+        value = int(raw) if raw else _DEFAULT_LIMIT
     except ValueError:
-        raise DistributedError(f"environment variable {_LIMIT_ENV}={raw!r} must be an integer number of bytes") from None
+        value = -1
+    if value < 0:
+        raise DistributedError(f"environment variable {_LIMIT_ENV}={raw!r} must be a number of bytes (>= 0)")
+    return value
 
 
-class _Extent:
-    """One ``memfd`` segment of an outbox, mapped into this process as a uint8 tensor."""
+class _Segment:
+    """A sealed ``memfd`` of ``size`` bytes mapped read-write into its owner as a uint8 tensor."""
 
-    def __init__(self, size: int, rank: int) -> None:
-        self.fd = os.memfd_create(f"dscore-outbox-rank{rank}", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, size)
-        self.size = size
-        self.map = mmap.mmap(self.fd, size)
-        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8)
-        # the mapping keeps the memory; the descriptor is only how peers open it: close it with the extent
-        self._close_fd = weakref.finalize(self, os.close, self.fd)
+    def __init__(self, size: int, name: str) -> None:
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, size)
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            self.size = size
+            self.map: mmap.mmap | None = mmap.mmap(self.fd, size) if size else None
+        except OSError:
+            os.close(self.fd)
+            raise
+        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8) if self.map is not None else torch.empty(0, dtype=torch.uint8)
 
     def close(self) -> None:
         self.bytes = torch.empty(0, dtype=torch.uint8)
         try:
-            self.map.close()
+            if self.map is not None:
+                self.map.close()
         except BufferError:  # a view is still alive somewhere; the kernel frees it with the process
             pass
-        self._close_fd()
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
-def _map_peer(pid: int, fd: int) -> torch.Tensor:
-    """A peer's extent as a uint8 tensor (raises OSError when it cannot be opened)."""
-    own = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
-    try:
-        size = os.fstat(own).st_size
-        mm = mmap.mmap(own, size)
-    finally:
-        os.close(own)
-    return torch.frombuffer(mm, dtype=torch.uint8)
+def _map_readonly(fd: int) -> tuple[torch.Tensor, mmap.mmap | None]:
+    """A received segment mapped read-only (a uint8 tensor that must never be written)."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8), None
+    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    if not seals & fcntl.F_SEAL_SHRINK:
+        raise OSError("a peer's segment is not sealed against shrinking")
+    mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "buffer is not writable": the channel only reads it
+        return torch.frombuffer(mm, dtype=torch.uint8), mm
+
+
+class _Peer:
+    """What this rank holds of one peer: its pidfd and its segments mapped read-only."""
+
+    __slots__ = ("rank", "pid", "pidfd", "ctrl", "outbox", "_maps")
+
+    def __init__(self, rank: int, pid: int, pidfd: int, ctrl: torch.Tensor, outbox: torch.Tensor, maps: list[Any]):
+        self.rank = rank
+        self.pid = pid
+        self.pidfd = pidfd
+        self.ctrl = ctrl
+        self.outbox = outbox
+        self._maps = maps
+
+    def alive(self) -> bool:
+        """False once the peer process exited (its pidfd becomes readable; a zombie counts as exited)."""
+        ready, _, _ = select.select([self.pidfd], [], [], 0)
+        return not ready
+
+    def close(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
 
 
 class ShmChannel:
-    """The shared-memory outbox of one process group on this rank (see the module docstring).
+    """The shared-memory transport of one process group on this rank (see the module docstring).
 
-    Built by :func:`channel_for`; not thread-safe (collectives of one group are posted from one thread).
+    Built by :func:`channel_for`; not thread-safe (collectives of one group are launched from one thread).
 
     Args:
         rank / world: this rank's rank in the group and the group's size.
-        control: this rank's control segment (an :class:`_Extent` of :func:`control_bytes` bytes).
-        peer_controls: every rank's control segment as mapped here (int64 tensors; this rank's own at
-            its index).
-        pids: the process id of every group rank.
-        limit: the most bytes of outbox address space (beyond: TCP).
+        control: this rank's control segment (:meth:`control_bytes` bytes).
+        outbox: this rank's outbox segment (its size is the outbox limit; may be 0 bytes: all TCP).
+        peers: what this rank holds of every other rank (index = group rank; None at this rank's own).
+        sync: the ``shm_sync`` op module.
     """
 
-    def __init__(self, rank: int, world: int, control: _Extent, peer_controls: list[torch.Tensor],
-                 pids: Sequence[int], limit: int) -> None:
+    def __init__(self, rank: int, world: int, control: _Segment, outbox: _Segment, peers: list[_Peer | None],
+                 sync: Any) -> None:
         self.rank = rank
         self.world = world
-        self.pids = list(pids)
-        self.limit = limit
         self.control = control
-        self._ctrl = [c.view(torch.int64) for c in peer_controls]
-        self.extents: list[_Extent] = []
-        self._rings: list[deque[tuple[int, int, int]]] = []  # per extent: (start, end, exchange number)
-        self._peer_maps: dict[tuple[int, int], torch.Tensor] = {}
-        self._posted = 0  # exchanges posted (the last one's number)
-        self._sends: deque[tuple[Any, torch.Tensor]] = deque()  # gloo sends in flight, with the tensor they read
+        self.outbox = outbox
+        self.extents = [outbox] if outbox.size else []
+        self.limit = outbox.size
+        self.peers = peers
+        self.pids = [os.getpid() if p is None else p.pid for p in peers]
+        self._sync = sync
+        self._own = control.bytes.data_ptr()
+        self._ring: deque[tuple[int, int, int]] = deque()  # outbox regions in posting order: (start, end, number)
+        self._posted = 0  # exchanges launched (the last one's number)
+        self._sends: deque[tuple[Any, torch.Tensor]] = deque()  # gloo sends in flight, with what they read
+        self._abandoned: list[tuple[int, list[tuple[int, int]], Any]] = []  # exchanges dropped unwaited
         self._timeout = _timeout()
         self.shm_bytes = 0
         self.tcp_bytes = 0
@@ -224,126 +268,130 @@ class ShmChannel:
 
     @staticmethod
     def control_bytes(world: int) -> int:
-        """Bytes of one rank's control segment: per peer a posted word, :data:`_RING` descriptors of
-        exchanges posted to that peer and :data:`_RING` acknowledgements of exchanges read from it."""
+        """Bytes of one rank's control segment: a header, then per peer a posted word (on its own cache
+        line), :data:`_RING` descriptors of exchanges posted to it and :data:`_RING` acknowledgements of
+        exchanges read from it."""
         return 8 * (8 + world * _PEER_WORDS)
 
-    # int64 indices into a control segment; posted words and descriptors live in the sender's segment,
+    # byte offsets into a control segment; posted words and descriptors live in the sender's segment,
     # acknowledgements in the reader's
     @staticmethod
-    def _posted_word(receiver: int) -> int:
-        return 8 + receiver * _PEER_WORDS
+    def _posted_off(receiver: int) -> int:
+        return 8 * (8 + receiver * _PEER_WORDS)
 
     @staticmethod
-    def _slot(receiver: int, seq: int) -> int:
-        return 8 + receiver * _PEER_WORDS + 1 + _DESC * (seq % _RING)
+    def _slot_off(receiver: int, seq: int) -> int:
+        return 8 * (8 + receiver * _PEER_WORDS + 8 + _DESC * (seq % _RING))
 
     @staticmethod
-    def _ack(sender: int, seq: int) -> int:
-        return 8 + sender * _PEER_WORDS + 1 + _DESC * _RING + seq % _RING
+    def _ack_off(sender: int, seq: int) -> int:
+        return 8 * (8 + sender * _PEER_WORDS + 8 + _DESC * _RING + seq % _RING)
+
+    def _peer(self, q: int) -> _Peer:
+        peer = self.peers[q]
+        assert peer is not None
+        return peer
+
+    def _acked(self, q: int, seq: int) -> bool:
+        """Whether rank ``q`` acknowledged exchange ``seq`` of this rank (acquire: its reads came first).
+        A later number in the slot also counts: the reader is past ``seq`` for good."""
+        return int(self._sync.load_acquire(self._peer(q).ctrl.data_ptr() + self._ack_off(self.rank, seq))) >= seq
 
     # ------------------------------------------------------------------ outbox regions
-    def _read_by_all(self, seq: int) -> bool:
-        # an acknowledgement slot holding a later number also frees seq: the reader is past it, and if it
-        # never read seq it never will without finding the descriptor replaced
-        slot = self._ack(self.rank, seq)
-        return all(int(self._ctrl[q][slot]) >= seq for q in range(self.world) if q != self.rank)
-
     def _release_read_regions(self) -> None:
-        # each extent's regions are a ring in posting order; freeing from the oldest until one is unread
-        # keeps this O(1) per exchange (an unread old region holds later ones back a little, never wrongly)
-        for ring in self._rings:
-            while ring and self._read_by_all(ring[0][2]):
-                ring.popleft()
+        # regions are freed from the oldest until one is unread: O(1) per exchange; an unread old region
+        # holds later ones back a little, never wrongly
+        ring = self._ring
+        while ring and all(self._acked(q, ring[0][2]) for q in range(self.world) if q != self.rank):
+            ring.popleft()
 
-    @staticmethod
-    def _ring_fit(ring: deque[tuple[int, int, int]], size: int, need: int) -> int | None:
-        """Where ``need`` bytes fit in a ring of regions taken and freed in order (None: they do not)."""
-        if not ring:
-            return 0 if need <= size else None
-        first, last = ring[0], ring[-1]
-        if last[0] >= first[0]:  # regions ascend from the oldest to the newest
-            if need <= first[0]:
-                return 0  # back to the start: the pages in use stay near the bytes in flight
-            return last[1] if last[1] + need <= size else None
-        return last[1] if last[1] + need <= first[0] else None  # wrapped: the gap between newest and oldest
-
-    def _allocate(self, nbytes: int, seq: int) -> tuple[int, int] | None:
-        """(extent index, offset) of a free region of ``nbytes``, or None when the limit is reached.
-
-        Each extent is a ring buffer (regions are freed in the order they were taken) that goes back to
-        its start as soon as the oldest region has moved far enough, and the lowest extent that fits is
-        used: the pages in use stay near the bytes in flight, not the extents' size."""
+    def _allocate(self, nbytes: int, seq: int) -> int | None:
+        """Offset of a free outbox region of ``nbytes`` (a ring buffer going back to its start as soon as
+        the oldest region moved far enough: the pages in use stay near the bytes in flight), or None."""
         need = -(-nbytes // _ALIGN) * _ALIGN
-        for ei, (ring, ext) in enumerate(zip(self._rings, self.extents)):  # lowest extent first
-            start = self._ring_fit(ring, ext.size, need)
-            if start is not None:
-                ring.append((start, start + need, seq))
-                return ei, start
-        size = max(_EXTENT_MIN, need)
-        if sum(x.size for x in self.extents) + size > self.limit:
-            return None
-        self.extents.append(_Extent(size, self.rank))
-        self._rings.append(deque([(0, need, seq)]))
-        return len(self.extents) - 1, 0
+        size, ring = self.outbox.size, self._ring
+        if not ring:
+            start: int | None = 0 if need <= size else None
+        else:
+            first, last = ring[0], ring[-1]
+            if last[0] >= first[0]:  # regions ascend from the oldest to the newest
+                start = 0 if need <= first[0] else (last[1] if last[1] + need <= size else None)
+            else:  # wrapped: the gap between the newest and the oldest
+                start = last[1] if last[1] + need <= first[0] else None
+        if start is not None:
+            ring.append((start, start + need, seq))
+        return start
 
     # ------------------------------------------------------------------ waiting
-    def _await(self, what: str, q: int, ready: Any) -> None:
-        """Sleep until ``ready()``; the futex word is rank ``q``'s posted word for this rank."""
-        if ready():
+    def _await(self, q: int, seq: int, timeout: float | None) -> None:
+        """Sleep until rank ``q`` posted exchange ``seq`` to this rank.
+
+        Raises:
+            DistributedError: ``q`` exited without posting it, or ``timeout`` (default
+                ``DSCORE_SHM_TIMEOUT``) seconds passed.
+        """
+        peer = self._peer(q)
+        addr = peer.ctrl.data_ptr() + self._posted_off(self.rank)
+        sync = self._sync
+        seen = int(sync.load_acquire(addr))
+        if seen >= seq:
             return
-        word = self._posted_word(self.rank)
-        addr = self._ctrl[q].data_ptr() + 8 * word
-        deadline = time.monotonic() + self._timeout
-        while not ready():
-            seen = int(self._ctrl[q][word])
-            if ready():
-                return
-            _futex(addr, _FUTEX_WAIT, _low32(seen), 0.5)
-            if time.monotonic() > deadline:
+        limit = self._timeout if timeout is None else min(timeout, self._timeout)
+        deadline = time.monotonic() + limit
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                named = f"{_TIMEOUT_ENV}" if timeout is None or timeout >= self._timeout else "the wait's timeout"
                 raise DistributedError(
-                    f"shared-memory exchange: rank {q} (pid {self.pids[q]}) gave no {what} for "
-                    f"{self._timeout:.0f} s ({_TIMEOUT_ENV}); the ranks may be calling different collectives"
+                    f"shared-memory exchange {seq}: rank {q} (pid {peer.pid}) posted nothing for {limit:g} s "
+                    f"({named}); the ranks may be calling different collectives, or rank {q} is stopped"
                 )
-            if not _alive(self.pids[q]):
+            rc = sync.futex_wait(addr, seen, min(left, _LIVENESS_POLL_S))
+            seen = int(sync.load_acquire(addr))
+            if seen >= seq:
+                return
+            if rc == 3:  # EINTR: let Python run its signal handlers (KeyboardInterrupt) before sleeping again
+                time.sleep(0)
+            if not peer.alive():
+                if int(sync.load_acquire(addr)) >= seq:
+                    return  # posted just before it exited: the payload is still readable
                 raise DistributedError(
-                    f"shared-memory exchange: rank {q} (pid {self.pids[q]}) exited while this rank waited for its {what}"
+                    f"shared-memory exchange {seq}: rank {q} (pid {peer.pid}) exited before posting its part "
+                    "(the process is gone)"
                 )
 
     # ------------------------------------------------------------------ exchanges
     def post(self, payloads: Sequence[torch.Tensor | None], grp: Any) -> Exchange:
-        """Start one pairwise exchange: ``payloads[q]`` (flat, contiguous, CPU) goes to group rank ``q``
-        (None at this rank's own index). The same tensor object given for several peers is copied once.
-        Never blocks. Returns the :class:`Exchange` whose :attr:`Exchange.works` must complete before its
-        payloads are read.
+        """Launch one exchange: ``payloads[q]`` (flat, contiguous, CPU) goes to group rank ``q`` (None at this
+        rank's own index). The same tensor object given for several peers is copied once. Never blocks on a
+        peer. Returns the :class:`Exchange`; its :attr:`Exchange.works` complete once every peer posted.
         """
         self._posted += 1
         seq = self._posted
+        self._drain_abandoned()
         self._release_read_regions()
         while self._sends and self._sends[0][0].is_completed():  # oldest first: they complete in order
             self._sends.popleft()
-        placed: dict[int, tuple[int, int, int, int]] = {}  # id(tensor) -> descriptor (mode, fd, offset, nbytes)
-        own = self._ctrl[self.rank]
+        sync = self._sync
+        placed: dict[int, tuple[int, int, int]] = {}  # id(tensor) -> (mode, offset, nbytes)
         for q, t in enumerate(payloads):
             if q == self.rank or t is None:
                 continue
-            slot = self._slot(q, seq)
-            occupant = int(own[slot])
-            # the slot is free once its exchange was read (acknowledged in q's segment); a slow or never
-            # waited exchange keeps it, and this one goes by gloo instead (descriptor and payload)
-            by_slot = occupant == 0 or int(self._ctrl[q][self._ack(self.rank, occupant)]) >= occupant
+            slot_addr = self._own + self._slot_off(q, seq)
+            occupant = int(sync.load_acquire(slot_addr))
+            # the slot is free once its exchange was acknowledged; a slow reader keeps it, and this
+            # exchange's descriptor goes by gloo instead
+            by_slot = occupant == 0 or self._acked(q, occupant)
             nbytes = t.numel() * t.element_size()
             head = placed.get(id(t)) if by_slot else None
             if head is None:
-                spot = self._allocate(nbytes, seq) if nbytes and by_slot else None
-                if spot is None:
-                    head = (_MODE_TCP, -1, 0, nbytes)
+                off = self._allocate(nbytes, seq) if nbytes and by_slot else None
+                if off is None:
+                    head = (_MODE_TCP, 0, nbytes)
                     self.tcp_bytes += nbytes
                 else:
-                    ei, off = spot
-                    ext = self.extents[ei]
-                    ext.bytes[off : off + nbytes].view(t.dtype).copy_(t.view(-1))
-                    head = (_MODE_SHM, ext.fd, off, nbytes)
+                    self.outbox.bytes[off : off + nbytes].view(t.dtype).copy_(t.view(-1))
+                    head = (_MODE_SHM, off, nbytes)
                     self.shm_bytes += nbytes
                 if by_slot:
                     placed[id(t)] = head
@@ -351,58 +399,99 @@ class ShmChannel:
                 peer = q if grp is None else dist.get_global_rank(grp, q)
                 if not by_slot:
                     self.overflows += 1
-                    desc = torch.tensor((seq, *head), dtype=torch.int64)
+                    desc = torch.tensor((seq, *head), dtype=torch.int64, device="cpu")
                     self._sends.append((dist.isend(desc, dst=peer, group=grp, tag=_payload_tag(seq)), desc))
                 if head[0] == _MODE_TCP and nbytes:
                     copy = t.detach().clone()  # the caller may reuse its tensor once the work completes
                     self._sends.append((dist.isend(copy, dst=peer, group=grp, tag=_payload_tag(seq)), copy))
             if by_slot:
-                own[slot : slot + _DESC] = torch.tensor((seq, *head), dtype=torch.int64)
-            word = self._posted_word(q)
-            own[word] = seq  # after the payload and its descriptor
-            _futex(own.data_ptr() + 8 * word, _FUTEX_WAKE, 1 << 30)
-        arrivals = [_Arrival(self, q, seq) for q in range(self.world) if q != self.rank]
-        return Exchange(self, seq, arrivals, grp)
+                sync.publish_descriptor(slot_addr, seq, list(head))
+            sync.store_release_and_wake(self._own + self._posted_off(q), seq)
+        expect = [(q, t.numel() * t.element_size()) for q, t in enumerate(payloads) if q != self.rank and t is not None]
+        return Exchange(self, seq, grp, expect)
+
+    def _read_desc(self, q: int, seq: int, grp: Any) -> tuple[list[int], bool]:
+        peer = self._peer(q)
+        desc = list(self._sync.read_descriptor(peer.ctrl.data_ptr() + self._slot_off(self.rank, seq), seq, _DESC))
+        if desc:
+            return desc, True
+        got = torch.empty(_DESC, dtype=torch.int64, device="cpu")  # the slot was busy: it came by gloo
+        self._recv(got, q, grp, seq)
+        desc = [int(v) for v in got.tolist()]
+        if desc[0] != seq:
+            raise DistributedError(f"shared-memory exchange {seq}: rank {q} sent the descriptor of exchange {desc[0]}")
+        return desc, False
+
+    def _recv(self, out: torch.Tensor, q: int, grp: Any, seq: int) -> None:
+        src = q if grp is None else dist.get_global_rank(grp, q)
+        try:
+            dist.recv(out, src=src, group=grp, tag=_payload_tag(seq))
+        except RuntimeError as exc:
+            raise DistributedError(
+                f"shared-memory exchange {seq}: receiving rank {q}'s part by gloo failed "
+                f"({'the process exited' if not self._peer(q).alive() else exc})"
+            ) from exc
 
     def _payload(self, q: int, like: torch.Tensor, grp: Any, seq: int) -> tuple[torch.Tensor, bool]:
-        """Rank ``q``'s payload of exchange ``seq`` and whether its descriptor came through the slot."""
-        slot = self._slot(self.rank, seq)
-        desc = self._ctrl[q][slot : slot + _DESC].tolist()
-        by_slot = int(desc[0]) == seq
-        peer = q if grp is None else dist.get_global_rank(grp, q)
-        if not by_slot:  # the slot was busy on the sender's side: the descriptor came by gloo
-            got = torch.empty(_DESC, dtype=torch.int64)
-            dist.recv(got, src=peer, group=grp, tag=_payload_tag(seq))
-            desc = got.tolist()
-            if int(desc[0]) != seq:
-                raise DistributedError(f"shared-memory exchange {seq}: rank {q} sent the descriptor of exchange {desc[0]}")
-        _, mode, fd, off, nbytes = (int(v) for v in desc)
+        """Rank ``q``'s payload of exchange ``seq`` (already posted) and whether it came through the slot."""
+        desc, by_slot = self._read_desc(q, seq, grp)
+        _, mode, off, nbytes = desc
         want = like.numel() * like.element_size()
         if nbytes != want:
             raise DistributedError(
-                f"pairwise exchange: rank {q} sent {nbytes} bytes where {want} were expected; the ranks "
-                "posted different collectives (every rank must call the same collectives in the same order)"
+                f"pairwise exchange {seq}: rank {q} sent {nbytes} bytes where {want} were expected; the ranks "
+                "launched different collectives (every rank must launch the same collectives in the same order)"
             )
         if mode == _MODE_TCP:
-            out = torch.empty(like.numel(), dtype=like.dtype)
+            out = torch.empty(like.numel(), dtype=like.dtype, device="cpu")
             if nbytes:
-                dist.recv(out, src=peer, group=grp, tag=_payload_tag(seq))
+                self._recv(out, q, grp, seq)
             return out, by_slot
-        region = self._peer_maps.get((q, fd))
-        if region is None:
-            region = self._peer_maps[(q, fd)] = _map_peer(self.pids[q], fd)
-        return region[off : off + nbytes].view(like.dtype), by_slot
+        return self._peer(q).outbox[off : off + nbytes].view(like.dtype), by_slot
 
     def _acknowledge(self, seq: int, peers: Sequence[int]) -> None:
-        own = self._ctrl[self.rank]
         for q in peers:
-            own[self._ack(q, seq)] = seq
+            self._sync.store_release(self._own + self._ack_off(q, seq), seq)
+
+    def _abandon(self, seq: int, expect: list[tuple[int, int]], grp: Any) -> None:
+        """An exchange dropped without being read: drained at the next post or flush (it may still need
+        gloo receives, which must not run inside a garbage collection)."""
+        self._abandoned.append((seq, expect, grp))
+
+    def _drain_abandoned(self) -> None:
+        """Read (and discard) what peers posted for exchanges dropped unwaited, acknowledging it; a gloo
+        part is received so its sender's send completes. Parts not posted yet are kept for later."""
+        keep = []
+        for seq, expect, grp in self._abandoned:
+            left = []
+            for q, nbytes in expect:
+                peer = self._peer(q)
+                if int(self._sync.load_acquire(peer.ctrl.data_ptr() + self._posted_off(self.rank))) < seq:
+                    if peer.alive():
+                        left.append((q, nbytes))  # not posted yet: try again at a later post
+                    continue
+                _, by_slot = self._payload(q, torch.empty(nbytes, dtype=torch.uint8, device="cpu"), grp, seq)
+                if by_slot:
+                    self._acknowledge(seq, [q])
+            if left:
+                keep.append((seq, left, grp))
+        self._abandoned = keep
 
     def flush(self, timeout: float) -> int:
-        """Wait (at most ``timeout`` seconds in all) for this rank's gloo sends still in flight: a peer
-        receives them only when it waits the exchange, so a rank that is done must not exit before.
-        Returns how many were left undelivered (0 normally)."""
+        """Wait (at most ``timeout`` seconds in all) for this rank's gloo sends still in flight (a peer
+        receives them only when it reads the exchange, so a rank that is done must not exit before),
+        while receiving the gloo parts of exchanges this rank dropped unwaited (so its peers' sends
+        complete too: two ranks flushing at exit never wait for each other). Returns how many sends were
+        left undelivered (0 normally)."""
         deadline = time.monotonic() + timeout
+        while self._abandoned and time.monotonic() < deadline:  # first: peers' parts (they posted at launch)
+            try:
+                self._drain_abandoned()
+            except DistributedError as exc:  # a peer is gone: what it posted can no longer be received
+                log.warning("shared-memory exchange: could not drain an unwaited exchange: %s", exc)
+                self._abandoned = []
+            if self._abandoned:
+                time.sleep(0.01)  # a peer has not launched that exchange yet
         while self._sends:
             w, _ = self._sends[0]
             left = deadline - time.monotonic()
@@ -417,66 +506,79 @@ class ShmChannel:
         return len(self._sends)
 
     def close(self) -> None:
-        """Wait for this rank's gloo sends, unmap every extent (its and its peers'); unusable afterwards."""
-        for w, _ in self._sends:
-            w.wait()
+        """Wait for this rank's gloo sends, unmap every segment (its and its peers'); unusable afterwards."""
+        self.flush(60.0)
         self._sends.clear()
-        self._peer_maps.clear()
-        self._rings.clear()
-        for ext in self.extents:
-            ext.close()
-        self.extents.clear()
+        self._ring.clear()
+        for p in self.peers:
+            if p is not None:
+                p.close()
+        self.outbox.close()
+        self.control.close()
+        self.extents = []
 
     def __repr__(self) -> str:
         return (
-            f"ShmChannel(rank={self.rank}, world={self.world}, extents={len(self.extents)}, "
+            f"ShmChannel(rank={self.rank}, world={self.world}, outbox={self.outbox.size}, "
             f"shm_bytes={self.shm_bytes}, tcp_bytes={self.tcp_bytes}, posted={self._posted})"
         )
 
 
 class _Arrival:
-    """Waits for rank ``q`` to post exchange ``seq`` (a work handle: ``wait()``, ``is_completed()``)."""
+    """Waits for rank ``q`` to post exchange ``seq`` (a work handle: ``wait(timeout)``, ``is_completed()``)."""
 
-    __slots__ = ("_channel", "_q", "_seq", "_word")
+    __slots__ = ("_channel", "_q", "_seq")
 
     def __init__(self, channel: ShmChannel, q: int, seq: int) -> None:
         self._channel = channel
         self._q = q
         self._seq = seq
-        self._word = channel._posted_word(channel.rank)
 
     def is_completed(self) -> bool:
-        return int(self._channel._ctrl[self._q][self._word]) >= self._seq
+        ch = self._channel
+        addr = ch._peer(self._q).ctrl.data_ptr() + ch._posted_off(ch.rank)
+        return int(ch._sync.load_acquire(addr)) >= self._seq
 
     def wait(self, timeout: Any = None) -> bool:
-        self._channel._await(f"payload of exchange {self._seq}", self._q, self.is_completed)
+        """Block until posted; ``timeout`` (a timedelta or seconds) bounds the wait.
+
+        Raises:
+            DistributedError: the peer exited without posting, or the timeout passed.
+        """
+        self._channel._await(self._q, self._seq, _seconds(timeout))
         return True
 
 
 class Exchange:
-    """One posted exchange: wait :attr:`works`, read each peer's payload, then :meth:`done`.
+    """One launched exchange: wait :attr:`works`, read each peer's payload, then :meth:`done`.
+
+    Dropped without :meth:`done` (a work never waited), it is acknowledged and drained later, so it holds
+    no region and desynchronises nothing.
 
     Attributes:
         works: one handle per peer, complete once that peer posted its payload.
     """
 
-    __slots__ = ("_channel", "_seq", "works", "_grp", "_by_slot")
+    __slots__ = ("_channel", "_seq", "works", "_grp", "_by_slot", "_expect", "_finished", "__weakref__")
 
-    def __init__(self, channel: ShmChannel, seq: int, works: list[Any], grp: Any) -> None:
+    def __init__(self, channel: ShmChannel, seq: int, grp: Any, expect: list[tuple[int, int]]) -> None:
         self._channel = channel
         self._seq = seq
-        self.works = works
+        self.works = [_Arrival(channel, q, seq) for q in range(channel.world) if q != channel.rank]
         self._grp = grp
         self._by_slot: list[int] = []
+        self._expect = expect
+        self._finished = False
 
     def payload(self, q: int, like: torch.Tensor) -> torch.Tensor:
-        """Rank ``q``'s payload as a flat tensor of ``like``'s element count and dtype: a view of the peer's
-        outbox, valid until :meth:`done` (or a temporary received by gloo). Call once per peer.
+        """Rank ``q``'s payload as a flat tensor of ``like``'s element count and dtype: a read-only view of
+        the peer's outbox, valid until :meth:`done` (or a temporary received by gloo). Call once per peer.
 
         Raises:
-            DistributedError: the peer sent another size (the ranks posted different collectives).
+            DistributedError: the peer sent another size (the ranks launched different collectives).
         """
         out, by_slot = self._channel._payload(q, like, self._grp, self._seq)
+        self._expect = [e for e in self._expect if e[0] != q]  # read: nothing left to drain from q
         if by_slot:
             self._by_slot.append(q)
         return out
@@ -486,6 +588,17 @@ class Exchange:
         then reuse the slot and the region."""
         self._channel._acknowledge(self._seq, self._by_slot)
         self._by_slot = []
+        self._finished = True
+
+    def __del__(self) -> None:
+        if not self._finished:
+            try:
+                if self._by_slot:  # read but not acknowledged (the finishing step raised)
+                    self._channel._acknowledge(self._seq, self._by_slot)
+                if self._expect:
+                    self._channel._abandon(self._seq, self._expect, self._grp)
+            except Exception:  # noqa: BLE001 - never raise from a finaliser
+                pass
 
 
 def flush_pending_sends(timeout: float = 60.0) -> int:
@@ -493,7 +606,7 @@ def flush_pending_sends(timeout: float = 60.0) -> int:
     process group is destroyed and at interpreter exit. Returns the sends left undelivered."""
     left = 0
     for channel in list(_channels.values()):
-        if channel is not None and channel._sends:
+        if channel is not None and (channel._sends or channel._abandoned):
             left += channel.flush(timeout)
     return left
 
@@ -518,35 +631,124 @@ def channel_for(grp: Any, world: int, rank: int) -> ShmChannel | None:
     return channel
 
 
+def _socket_name(token: str, rank: int) -> str:
+    return f"\0dscore-shm-{token}-{rank}"
+
+
+def _peer_pid(sock: socket.socket) -> tuple[int, int]:
+    """``(pid, uid)`` of the process at the other end of a connected Unix socket (``SO_PEERCRED``)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", raw)
+    return pid, uid
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise OSError("the peer closed the set-up socket")
+        data += chunk
+    return data
+
+
+def _hand_over(rank: int, world: int, token: str, pids: list[int], control: _Segment, outbox: _Segment,
+               listener: socket.socket) -> list[_Peer | None]:
+    """Pass this rank's two descriptors to every peer and receive theirs (``SCM_RIGHTS``); map the peers'
+    segments read-only and open their pidfds. Raises OSError when anything does not check out."""
+    uid = os.getuid()
+    outgoing: dict[int, socket.socket] = {}
+    peers: list[_Peer | None] = [None] * world
+    try:
+        for q in range(world):  # connect completes into the peer's backlog: no one waits for an accept
+            if q != rank:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+                s.settimeout(60)
+                s.connect(_socket_name(token, q))
+                s.sendall(struct.pack("i", rank))
+                outgoing[q] = s
+        for _ in range(world - 1):
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(60)
+                (q,) = struct.unpack("i", _recv_exact(conn, 4))
+                pid, peer_uid = _peer_pid(conn)
+                if not 0 <= q < world or q == rank or pid != pids[q] or peer_uid != uid:
+                    raise OSError(f"a process (pid {pid}, uid {peer_uid}) claiming rank {q} is not a rank of this job")
+                socket.send_fds(conn, [b"dscore-shm"], [control.fd, outbox.fd])
+        for q, s in outgoing.items():
+            msg, fds, _, _ = socket.recv_fds(s, 16, 2)
+            try:
+                pid, peer_uid = _peer_pid(s)
+                if msg != b"dscore-shm" or len(fds) != 2 or pid != pids[q] or peer_uid != uid:
+                    raise OSError(f"rank {q}'s set-up socket is held by pid {pid} (uid {peer_uid}), not pid {pids[q]}")
+                # the pid is that process, not a reuse: the collective vote after the hand-over needs the
+                # peer alive, so it was alive when this pidfd was opened
+                pidfd = os.pidfd_open(pid)
+                ctrl, cmap = _map_readonly(fds[0])
+                box, bmap = _map_readonly(fds[1])
+                peers[q] = _Peer(q, pid, pidfd, ctrl, box, [cmap, bmap])
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        return peers
+    except BaseException:
+        for p in peers:
+            if p is not None:
+                p.close()
+        raise
+    finally:
+        for s in outgoing.values():
+            s.close()
+
+
 def _set_up(grp: Any, world: int, rank: int) -> ShmChannel | None:
     host = _host_key()
+    control: _Segment | None = None
+    outbox: _Segment | None = None
+    listener: socket.socket | None = None
+    token = secrets.token_hex(16)
+    sync = None
     try:
-        control: _Extent | None = _Extent(ShmChannel.control_bytes(world), rank)
+        sync = _sync()
         limit = _limit()
-    except OSError as exc:
+        control = _Segment(ShmChannel.control_bytes(world), f"dscore-control-rank{rank}")
+        outbox = _Segment(limit if limit >= _ALIGN else 0, f"dscore-outbox-rank{rank}")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    except (OSError, DscoreError) as exc:
         log.info("shared-memory exchange unavailable here (%s); gloo carries the payloads", exc)
-        control = None
     info: list[Any] = [None] * world
-    dist.all_gather_object(info, (host, os.getpid(), control.fd if control is not None else -1), group=grp)
-    ok = control is not None and all(i[0] == host and i[2] >= 0 for i in info)
-    maps: list[torch.Tensor] = []
-    if ok and control is not None:
-        for q, (_, pid, fd) in enumerate(info):
-            if q == rank:
-                maps.append(control.bytes)
-                continue
-            try:
-                maps.append(_map_peer(pid, fd))
-            except OSError as exc:
-                log.info("cannot map rank %d's shared memory (%s); gloo carries the payloads", q, exc)
-                ok = False
-                break
+    dist.all_gather_object(info, (host, os.getpid(), token, listener is not None), group=grp)
+    token = info[0][2]  # group rank 0's: this job's name space
+    ok = listener is not None and all(i[0] == host and i[3] for i in info)
+    if ok and listener is not None:
+        try:
+            listener.bind(_socket_name(token, rank))
+            listener.listen(world)
+            listener.settimeout(60)
+        except OSError as exc:
+            log.info("cannot listen for shared-memory set-up (%s); gloo carries the payloads", exc)
+            ok = False
     votes: list[Any] = [None] * world
+    dist.all_gather_object(votes, ok, group=grp)  # everyone listens before anyone connects
+    peers: list[_Peer | None] = []
+    ok = all(votes)
+    if ok and control is not None and outbox is not None and listener is not None:
+        try:
+            peers = _hand_over(rank, world, token, [i[1] for i in info], control, outbox, listener)
+        except OSError as exc:
+            log.info("cannot pass shared-memory descriptors between the ranks (%s); gloo carries the payloads", exc)
+            ok = False
+    if listener is not None:
+        listener.close()
     dist.all_gather_object(votes, ok, group=grp)
-    if not all(votes) or control is None:
-        if control is not None:
-            maps.clear()
-            control.close()
+    if not all(votes) or control is None or outbox is None:
+        for p in peers:
+            if p is not None:
+                p.close()
+        for seg in (control, outbox):
+            if seg is not None:
+                seg.close()
         return None
     log.debug("pairwise exchanges of this %d-rank group go through shared memory", world)
-    return ShmChannel(rank, world, control, maps, [pid for _, pid, _ in info], limit)
+    return ShmChannel(rank, world, control, outbox, peers, sync)

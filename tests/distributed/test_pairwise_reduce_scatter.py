@@ -108,11 +108,10 @@ def _check_pairwise() -> dict[str, object]:
     comm.reduce_scatter_tensor(mx, x, op="max")
     assert mx.item() == world - 1
 
-    # all-reduces (on one host: from 64 KiB a reduce-scatter + all-gather of uneven pieces, below it one
-    # exchange of the whole tensor) against gloo's all-reduce; two in flight, waited in reverse order;
-    # integers and averages too
+    # all-reduces (on one host: one shared-memory exchange of the whole tensor, at every size) against
+    # gloo's all-reduce; two in flight, waited in reverse order; integers and averages too
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
-        for n in (1, 7, 1000, 40_000 * world + 1, 70_001):  # whole-tensor exchange below 64 KiB, split above
+        for n in (1, 7, 1000, 40_000 * world + 1, 70_001):  # both sides of the former 64 KiB split
             gen = torch.Generator().manual_seed(7 * n + rank)
             data = torch.randn(n, generator=gen)
             if world > 2 or dtype == torch.int64:  # exact sums whatever gloo's order

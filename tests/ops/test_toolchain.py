@@ -242,8 +242,11 @@ def test_manifest_specs() -> None:
     from dscore_plugins.ops import plugin
 
     ops = {s.name: s for s in plugin.dscore_register_op_builders()}
-    assert set(ops) == {"cpu_adam", "cpu_adagrad", "cpu_lion", "fused_adam", "fused_lamb", "fused_lion", "async_io"}
+    assert set(ops) == {
+        "cpu_adam", "cpu_adagrad", "cpu_lion", "fused_adam", "fused_lamb", "fused_lion", "async_io", "shm_sync",
+    }
     assert ops["async_io"].build_env_var == "DS_BUILD_AIO"
+    assert ops["shm_sync"].build_env_var == "DS_BUILD_SHM_SYNC" and ops["shm_sync"].device_types == ("cpu",)
     assert ops["cpu_adam"].build_env_var == "DS_BUILD_CPU_ADAM" and ops["cpu_adam"].device_types == ("cpu",)
     assert ops["fused_lion"].device_types == ("cuda",)
     optims = {s.name: s for s in plugin.dscore_register_optimizers()}

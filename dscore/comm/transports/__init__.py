@@ -1,0 +1,19 @@
+"""The transports :class:`dscore.comm.Comm` runs a collective on, one module each, behind one interface.
+
+* native — the backend's own collectives (``torch.distributed``: NCCL, gloo, any registered backend),
+  run by :class:`~dscore.comm.Comm` itself together with its exact emulations of what a backend lacks
+  (:func:`pick` returns None); the default, and the only one a device tensor ever takes.
+* :mod:`~dscore.comm.transports.p2p` — gloo point-to-point: all-gathers and sum/average reduce-scatters as
+  pairwise ``isend``/``irecv`` exchanges (CPU tensors on gloo).
+* :mod:`~dscore.comm.transports.shm` — same-host shared memory (:mod:`dscore.comm.shm`): those exchanges
+  and sum/average all-reduces without TCP, when every rank of the group is on this host.
+
+:func:`pick` makes the choice for one call; each transport offers the same operations
+(:class:`Transport`).
+"""
+
+from __future__ import annotations
+
+from dscore.comm.transports.base import Transport, pick
+
+__all__ = ["Transport", "pick"]
