@@ -18,11 +18,14 @@ setup: $(STAMP)
 # A venv that also sees the system's packages, so a torch build already installed (CPU, CUDA, ROCm, ...)
 # is kept; only when no torch is importable is torch 2.13.0 installed from the package index that pip
 # is configured to use.
-$(STAMP): pyproject.toml compat/deepspeed/pyproject.toml
+# The test device (examples/plugins/dscore-testdevice: a third-party-style accelerator and comm-backend
+# plugin) is installed with the test extra so `make test` runs the device matrix (tests/testdevice/).
+$(STAMP): pyproject.toml compat/deepspeed/pyproject.toml examples/plugins/dscore-testdevice/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install torch==2.13.0
 	$(PY) -m pip install -e '.[test]'
 	$(PY) -m pip install -e ./compat/deepspeed --no-deps
+	$(PY) -m pip install --no-deps -e examples/plugins/dscore-testdevice
 	touch $(STAMP)
 
 # ARGS reach train.py, e.g. make run ARGS="--no-resume" or ARGS="--data my_text_dir --steps 1000"
