@@ -258,7 +258,8 @@ class PipelineModule(torch.nn.Module):
         self.tie_owners = tie_owners
         self.forward_funcs: list[Callable[..., Any]] = []
         self._build()
-        self._synchronize_tied_weights()
+        # tied weights are made equal across stages by the engine, once the module is on its device
+        # (synchronize_tied_weights): NCCL cannot broadcast the host tensors they are built as
 
     # ------------------------------------------------------------------ partitioning
     def _partition(self) -> list[int]:
@@ -296,9 +297,14 @@ class PipelineModule(torch.nn.Module):
             else:
                 self.forward_funcs.append(spec)
 
-    def _synchronize_tied_weights(self) -> None:
+    def synchronize_tied_weights(self) -> None:
         """Copy every tied module from its first owner stage to the others (collective over each tie group),
-        so all replicas start equal whichever stage built them with which seed."""
+        so all replicas start equal whichever stage built them with which seed.
+
+        The pipeline engine calls it after moving the module to the accelerator's device, so the
+        broadcasts move device tensors (a device backend such as NCCL refuses host tensors). Every rank
+        of each tie group must call it.
+        """
         from dscore.comm import active_comm
 
         for key in sorted(self._grid.tied_groups):

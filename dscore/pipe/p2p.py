@@ -7,9 +7,14 @@ output changes shape or dtype gets a :class:`PipelineError` naming the differenc
 corrupted receive. Sends are asynchronous (``isend``; their handles are waited for before the step
 ends), receives block; with the 1F1B order this is deadlock-free on gloo, NCCL and others.
 
-Tags keep messages of one link apart: ``tag = kind * 2**20 + micro_batch * 64 + tensor_index`` (kinds:
-meta, activation, gradient). A second link to the same peer on another ``channel`` (the labels the first
-stage sends the last one) uses its own kinds, so its messages never match the first link's.
+No tags: NCCL ignores them, so messages between two ranks are matched in the order they are posted.
+Correctness rests on that order alone — each direction of a link carries the meta once, then every
+micro-batch's tensors in micro-batch order (1F1B forwards and backwards both run micro-batches 0, 1, ...).
+Each link checks the order it is asked to send and receive in, so a schedule that would post them in
+another order is a :class:`PipelineError` on the spot instead of a silently swapped tensor. Two links to
+the same peer (the labels the first stage sends the last one, ``channel=1``, next to the activations when
+the two stages are adjacent) share that order too: the engine posts a micro-batch's activations and then
+its labels, and receives them in the same order.
 """
 
 from __future__ import annotations
@@ -63,10 +68,6 @@ def as_tuple(x: Any, where: str) -> tuple[torch.Tensor, ...]:
     return items
 
 
-def _tag(kind: int, micro_batch: int, index: int) -> int:
-    return kind * (1 << 20) + (micro_batch % (1 << 14)) * _MAX_TENSORS + index
-
-
 class P2PLink:
     """The connection of this stage to one neighbour (``peer`` is its global rank).
 
@@ -74,17 +75,35 @@ class P2PLink:
         peer: the neighbour's global rank.
         device: where received tensors are allocated.
         comm: the :class:`dscore.comm.Comm` the transfers go through.
-        channel: 0 for activations/gradients; 1 for a second link to the same peer (labels).
+        channel: 0 for activations/gradients; 1 for a second link to the same peer (labels). Named in
+            errors only: no tags are sent (see the module docstring).
     """
 
     def __init__(self, peer: int, device: torch.device, comm: Comm, channel: int = 0) -> None:
         self.peer = int(peer)
-        self._kind = 4 * int(channel)  # added to every tag kind
+        self.channel = int(channel)
         self.comm = comm
         self.device = device
         self.send_meta: list[tuple[torch.dtype, tuple[int, ...], bool]] | None = None
         self.recv_meta: list[tuple[torch.dtype, tuple[int, ...], bool]] | None = None
         self._pending: list[Any] = []
+        self._next: dict[str, int] = {}
+
+    def _in_order(self, what: str, micro_batch: int) -> None:
+        """Check that ``what`` ("send activations", ...) happens for micro-batches 0, 1, 2, ... in order.
+
+        Raises:
+            PipelineError: ``micro_batch`` is not the next one on this direction of the link.
+        """
+        expected = 0 if micro_batch == 0 else self._next.get(what, 0)  # micro-batch 0 starts a new batch
+        if micro_batch != expected:
+            raise PipelineError(
+                f"pipeline link with rank {self.peer} (channel {self.channel}): asked to {what} of micro-batch "
+                f"{micro_batch}, but the next "
+                f"one in order is {expected}; messages between two stages are matched in the order they are "
+                "posted (NCCL has no tags), so both stages must post them in micro-batch order"
+            )
+        self._next[what] = micro_batch + 1
 
     # ---------------------------------------------------------------- meta
     @staticmethod
@@ -100,14 +119,14 @@ class P2PLink:
         # on the link's device: NCCL moves device tensors only
         header = torch.tensor([len(flat)], dtype=torch.int64, device=self.device)
         body = torch.tensor(flat, dtype=torch.int64, device=self.device)
-        self.comm.send(header, self.peer, tag=_tag(self._kind + _META, 0, 0))
-        self.comm.send(body, self.peer, tag=_tag(self._kind + _META, 0, 1))
+        self.comm.send(header, self.peer)
+        self.comm.send(body, self.peer)
 
     def _recv_meta(self) -> list[tuple[torch.dtype, tuple[int, ...], bool]]:
         header = torch.empty(1, dtype=torch.int64, device=self.device)
-        self.comm.recv(header, self.peer, tag=_tag(self._kind + _META, 0, 0))
+        self.comm.recv(header, self.peer)
         body = torch.empty(int(header.item()), dtype=torch.int64, device=self.device)
-        self.comm.recv(body, self.peer, tag=_tag(self._kind + _META, 0, 1))
+        self.comm.recv(body, self.peer)
         vals = body.tolist()
         count, pos = vals[0], 1
         meta = []
@@ -125,6 +144,7 @@ class P2PLink:
         Raises:
             PipelineError: the outputs differ in number, dtype or shape from the first micro-batch's.
         """
+        self._in_order("send activations", micro_batch)
         meta = self._describe(tensors)
         if self.send_meta is None:
             self._send_meta(meta)
@@ -137,17 +157,18 @@ class P2PLink:
             )
         for i, t in enumerate(tensors):
             buf = t.detach().contiguous()  # kept alive in _pending until the send completed
-            self._pending.append((self.comm.isend(buf, self.peer, tag=_tag(self._kind + _ACT, micro_batch, i)), buf))
+            self._pending.append((self.comm.isend(buf, self.peer), buf))
 
     def recv_activations(self, micro_batch: int, *, requires_grad: bool) -> tuple[torch.Tensor, ...]:
         """Receive the previous stage's outputs; with ``requires_grad`` floating tensors require grad (in
         training a gradient goes back for every floating tensor, see :meth:`send_gradients`)."""
+        self._in_order("receive activations", micro_batch)
         if self.recv_meta is None:
             self.recv_meta = self._recv_meta()
         out = []
         for i, (dtype, shape, _) in enumerate(self.recv_meta):
             buf = torch.empty(shape, dtype=dtype, device=self.device)
-            self.comm.recv(buf, self.peer, tag=_tag(self._kind + _ACT, micro_batch, i))
+            self.comm.recv(buf, self.peer)
             if requires_grad and buf.is_floating_point():
                 buf.requires_grad_(True)
             out.append(buf)
@@ -157,20 +178,22 @@ class P2PLink:
     def send_gradients(self, grads: list[torch.Tensor], micro_batch: int) -> None:
         """Send the gradient of every floating-point input received for ``micro_batch``, in order
         (zeros for an input that got none), asynchronously."""
+        self._in_order("send gradients", micro_batch)
         for i, g in enumerate(grads):
             buf = g.contiguous()
-            self._pending.append((self.comm.isend(buf, self.peer, tag=_tag(self._kind + _GRAD, micro_batch, i)), buf))
+            self._pending.append((self.comm.isend(buf, self.peer), buf))
 
     def recv_gradients(self, micro_batch: int) -> list[torch.Tensor]:
         """Receive the gradients of the floating-point tensors sent with :meth:`send_activations`, in order."""
         assert self.send_meta is not None, "gradients received before any activation was sent"
+        self._in_order("receive gradients", micro_batch)
         out = []
         k = 0
         for dtype, shape, _ in self.send_meta:
             if not dtype.is_floating_point:
                 continue
             buf = torch.empty(shape, dtype=dtype, device=self.device)
-            self.comm.recv(buf, self.peer, tag=_tag(self._kind + _GRAD, micro_batch, k))
+            self.comm.recv(buf, self.peer)
             out.append(buf)
             k += 1
         return out

@@ -981,6 +981,7 @@ class DscoreEngine(torch.nn.Module):
             self.load_rng_state(state["rng"])
 
     # ------------------------------------------------------------------ checkpoint API (delegates)
+    @runtime_scoped
     def save_checkpoint(
         self,
         save_dir: str,
@@ -1009,6 +1010,7 @@ class DscoreEngine(torch.nn.Module):
             layout=self.checkpoint_layout,
         )
 
+    @runtime_scoped
     def load_checkpoint(
         self,
         load_dir: str,

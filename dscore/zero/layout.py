@@ -86,12 +86,16 @@ def gather_by_name(part: torch.Tensor, layout: GroupLayout, comm: Comm) -> dict[
     """All-gather a group-partition-shaped tensor and cut it into full per-parameter CPU tensors.
 
     Args:
-        part: 1-D, ``layout.numel`` elements, any dtype/device.
+        part: 1-D, ``layout.numel`` elements, any dtype/device. A host ``part`` (masters and optimizer
+            state under optimizer offload) is copied to the collective device first
+            (:func:`dscore.zero.optimizer.collective_device`): NCCL cannot gather host tensors.
     Returns:
         ``{name: tensor of the parameter's shape}`` (CPU, ``part``'s dtype).
     """
+    from dscore.zero.optimizer import collective_device
+
     world = comm.world_size
-    src = part.detach().contiguous()
+    src = part.detach().to(collective_device([part])).contiguous()
     gathered = torch.empty(world * layout.numel, dtype=src.dtype, device=src.device)
     comm.all_gather_into_tensor(gathered, src)
     rows = gathered.view(world, layout.numel).cpu()

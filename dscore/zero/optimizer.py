@@ -4,12 +4,12 @@ global-norm unscale/clip of gradient partitions. Public: third-party ZeRO stages
 
 from __future__ import annotations
 
-import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dscore.errors import ConfigError
+from dscore.errors import ConfigError, DscoreError
 
 if TYPE_CHECKING:
     from dscore.comm import Comm
@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from dscore.protocols.zero import ZeroStageContext
 
 __all__ = [
+    "collective_device",
     "build_optimizer",
     "check_client_groups",
     "optimizer_state_bytes",
@@ -121,6 +122,21 @@ def refuse_self_communicating(opt: torch.optim.Optimizer, ctx: ZeroStageContext)
     return opt
 
 
+def collective_device(tensors: Sequence[torch.Tensor] = (), device: torch.device | str | None = None) -> torch.device:
+    """The device a collective about ``tensors`` must run on: ``device`` when given, else the current
+    runtime's accelerator device (NCCL and other device backends refuse host tensors), else the device
+    of ``tensors[0]`` (outside a runtime: unit tests), else the CPU.
+    """
+    if device is not None:
+        return torch.device(device)
+    try:
+        from dscore.runtime.context import current_runtime
+
+        return torch.device(current_runtime().accelerator.current_device_name())
+    except DscoreError:
+        return tensors[0].device if tensors else torch.device("cpu")
+
+
 def unscale_clip(
     flats: list[torch.Tensor],
     comm: Comm,
@@ -128,38 +144,44 @@ def unscale_clip(
     divisor: float,
     clip: float,
     check_overflow: bool,
+    device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor | None, bool]:
     """Global-norm unscale and clip of this rank's gradient partitions, in place.
 
     Args:
-        flats: fp32 gradient partitions (disjoint across ranks, so squared norms add up exactly).
+        flats: fp32 gradient partitions (disjoint across ranks, so squared norms add up exactly); on the
+            device, or on the host under optimizer offload.
         divisor: what the gradients must be divided by (loss scale x world size when reductions summed).
         clip: ``gradient_clipping`` (0 disables).
-        check_overflow: treat a non-finite norm as overflow.
+        check_overflow: treat a non-finite norm as overflow (this needs the norm on the host: one sync).
+        device: where the squared norm is all-reduced (default :func:`collective_device`): a host norm is
+            moved there first, as DeepSpeed does, because NCCL cannot reduce host tensors.
 
     Returns:
-        ``(global norm as a 0-dim fp32 tensor, overflow)``. The norm is that of the true (unscaled,
-        averaged) gradients before clipping, identical on every rank; the clip coefficient is
-        ``clip / (norm + 1e-6)`` capped at 1, as :func:`torch.nn.utils.clip_grad_norm_`. One scalar
-        all-reduce and one host sync.
+        ``(global norm as a 0-dim fp32 tensor on the collective device, overflow)``. The norm is that of
+        the true (unscaled, averaged) gradients before clipping, identical on every rank; the clip
+        coefficient is ``clip / (norm + 1e-6)`` clamped to at most 1, computed in fp32 on the device as
+        :func:`torch.nn.utils.clip_grad_norm_` does. Without ``check_overflow`` nothing waits for the
+        device (no host sync); a non-finite norm then propagates into the gradients as in torch.
     """
+    dev = collective_device(flats, device)
     if flats:
         norms = torch._foreach_norm(flats, 2.0)
-        sq = torch.stack([n.float() for n in norms]).pow(2).sum()
+        sq = torch.stack([n.float() for n in norms]).pow(2).sum().to(dev)
     else:
-        sq = torch.zeros((), dtype=torch.float32)
+        sq = torch.zeros((), dtype=torch.float32, device=dev)
     comm.all_reduce(sq)
     norm = sq.sqrt() / divisor
-    if not math.isfinite(float(norm)):
-        if check_overflow:
-            return None, True
-    coef = 1.0 / divisor
+    if check_overflow and not bool(torch.isfinite(norm)):
+        return None, True
+    if not flats:
+        return norm, False
     if clip > 0.0:
-        c = clip / (float(norm) + 1e-6)
-        if c < 1.0:
-            coef *= c
-    if coef != 1.0 and flats:
+        coef = torch.clamp(clip / (norm + 1e-6), max=1.0) * (1.0 / divisor)
+        coef = coef.to(flats[0].device)  # host partitions under offload: one device-to-host copy
         torch._foreach_mul_(flats, coef)
+    elif divisor != 1.0:
+        torch._foreach_mul_(flats, 1.0 / divisor)
     return norm, False
 
 
@@ -171,6 +193,7 @@ def unscale_clip_for_step(
     loss_scaler: LossScaler | None,
     clip: float,
     world: int,
+    device: torch.device | str | None = None,
 ) -> tuple[torch.Tensor | None, bool, bool]:
     """The start of a partitioned stage's ``step``: :func:`unscale_clip` then the loss scaler's verdict.
 
@@ -184,7 +207,7 @@ def unscale_clip_for_step(
     scale = float(loss_scaler.loss_scale) if loss_scaler is not None else 1.0
     divisor = scale * (1.0 if precision.compute_dtype == torch.float16 else float(world))
     norm, overflow = unscale_clip(
-        flats, comm, divisor=divisor, clip=clip, check_overflow=bool(precision.check_overflow)
+        flats, comm, divisor=divisor, clip=clip, check_overflow=bool(precision.check_overflow), device=device
     )
     skip = loss_scaler.update(overflow) if loss_scaler is not None else overflow
     return norm, bool(skip or overflow), overflow

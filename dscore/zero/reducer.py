@@ -345,6 +345,10 @@ class GradientReducer:
         target = b.target
         if out is not None and target is not None and out.data_ptr() != target.data_ptr():
             if self.accumulate:
+                if out.device != target.device:
+                    # a host target (optimizer offload) accumulates the device result: copy it over first
+                    # (device and host tensors cannot meet in one add)
+                    out = out.to(target.device)
                 target.add_(out)
             else:
                 target.copy_(out)

@@ -135,6 +135,7 @@ def build_pipeline_engine(ctx: EngineContext) -> PipelineEngine:
     runtime = ctx.runtime
     grid = model.grid
     model.to(runtime.accelerator.device())
+    model.synchronize_tied_weights()
     module = precision.prepare_module(model) or model
     loss_scaler = precision.make_loss_scaler(zero_stage=stage_number)
     dp_comm = runtime.comm.bound_to(grid.dp_group) if grid.dp_group is not None else runtime.comm

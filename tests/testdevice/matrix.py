@@ -1,0 +1,320 @@
+"""The feature matrix run on the test device (``testdev`` + ``testnccl``) and on the CPU (gloo).
+
+:func:`run_matrix` runs on each rank of one 2-rank job: for each platform it creates the default process
+group (``testnccl`` for the test device, ``gloo`` for the CPU; dscore adopts it), runs every cell, and
+destroys the group. A cell is a dict of factors; its result is the final module parameters (numpy), the
+loss of every micro step, the loss scale after every step (fp16), whether every step was applied, and the
+dtypes and devices of the optimizer's master tensors. The test compares platform against platform.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from typing import Any
+
+IN, HID, OUT = 6, 8, 3
+MICRO, GAS, STEPS = 2, 2, 3
+CLIP = 0.1
+LR = 0.02
+
+PLATFORMS = {"testdev": ("testnccl", "testdev"), "cpu": ("gloo", "cpu")}
+
+
+def make_model() -> Any:
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(IN, HID), nn.Tanh(), nn.Linear(HID, HID), nn.Tanh(), nn.Linear(HID, OUT))
+
+
+def engine_config(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """The ds_config of ``cell`` (keys: stage, precision, offload, param_offload, gas, clip)."""
+    gas = cell.get("gas", GAS)
+    cfg: dict[str, Any] = {
+        "accelerator": accelerator,
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": gas,
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01, "torch_adam": True}},
+        "zero_optimization": {
+            "stage": cell["stage"],
+            "reduce_bucket_size": 50,
+            "allgather_bucket_size": 50,
+            "stage3_param_persistence_threshold": 0,
+        },
+        "steps_per_print": 10**9,
+    }
+    if cell.get("clip", True):
+        cfg["gradient_clipping"] = CLIP
+    if cell["precision"] == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    elif cell["precision"] == "fp16":
+        cfg["fp16"] = {"enabled": True, "initial_scale_power": cell.get("scale_power", 8), "loss_scale_window": 2,
+                       "hysteresis": 1, "min_loss_scale": 1}
+    off = cell.get("offload", "none")
+    if off == "cpu":
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        cfg["zero_force_ds_cpu_optimizer"] = False
+    elif off == "nvme":
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": cell["_swap"], "pin_memory": True}
+        cfg["zero_force_ds_cpu_optimizer"] = False
+    if cell.get("param_offload"):
+        cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+    return cfg
+
+
+def data(n: int, seed: int = 7) -> tuple[Any, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, IN, generator=g), torch.randn(n, OUT, generator=g)
+
+
+def run_cell(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """Train ``cell`` on this rank with dscore on ``accelerator``; return the measurements."""
+    import torch
+    import torch.distributed as dist
+
+    import dscore
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    gas = cell.get("gas", GAS)
+    with tempfile.TemporaryDirectory() as swap:
+        cell = {**cell, "_swap": swap}
+        model = make_model()
+        engine, optimizer, _, _ = dscore.initialize(model=model, config=engine_config(cell, accelerator))
+        try:
+            device = engine.device
+            x, y = data(MICRO * world * gas * STEPS)
+            if cell.get("spike"):  # an overflow at the second step (fp16: the step is skipped)
+                x[MICRO * world * gas:MICRO * world * (gas + 1)] *= 1e6
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cell["precision"]]
+            losses, scales, applied = [], [], []
+            span = MICRO * world
+            for k in range(gas * STEPS):
+                rows = slice(k * span + rank * MICRO, k * span + (rank + 1) * MICRO)
+                xb = x[rows].to(device=device, dtype=dtype)
+                yb = y[rows].to(device=device)
+                out = engine(xb)
+                assert out.device == device, f"engine output on {out.device}, expected {device}"
+                loss = ((out.float() - yb) ** 2).mean()
+                engine.backward(loss)
+                engine.step()
+                losses.append(float(loss.detach().cpu()))
+                if (k + 1) % gas == 0:
+                    applied.append(bool(engine.was_step_applied()))
+                    scales.append(float(engine.loss_scale()))
+            state = engine.zero_stage_impl.module_state_dict()
+            masters = sorted({(str(p.dtype), p.device.type) for g in optimizer.param_groups for p in g["params"]})
+            return {
+                "params": {k: v.detach().float().cpu().numpy().copy() for k, v in state.items()},
+                "losses": losses,
+                "scales": scales,
+                "applied": applied,
+                "masters": masters,
+                "module_devices": sorted({p.device.type for p in engine.module.parameters()}),
+            }
+        finally:
+            engine.close()
+
+
+def run_checkpoint(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """Train 2 steps, save into ``cell["dir"]/<accelerator>``; returns the weights saved (after the save)."""
+    import torch.distributed as dist
+
+    import dscore
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = make_model()
+    with tempfile.TemporaryDirectory() as swap:
+        engine, _, _, _ = dscore.initialize(model=model, config=engine_config({**cell, "_swap": swap}, accelerator))
+        try:
+            x, y = data(MICRO * world * GAS * 2)
+            span = MICRO * world
+            for k in range(GAS * 2):
+                rows = slice(k * span + rank * MICRO, k * span + (rank + 1) * MICRO)
+                loss = ((engine(x[rows].to(engine.device)).float() - y[rows].to(engine.device)) ** 2).mean()
+                engine.backward(loss)
+                engine.step()
+            engine.save_checkpoint(os.path.join(cell["dir"], accelerator), tag="t2")
+            state = engine.zero_stage_impl.module_state_dict()
+            return {"params": {k: v.detach().float().cpu().numpy().copy() for k, v in state.items()}}
+        finally:
+            engine.close()
+
+
+def run_resume(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """Load ``cell["dir"]/<accelerator>`` at this world size and stage, train one more step."""
+    import torch.distributed as dist
+
+    import dscore
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = make_model()
+    engine, optimizer, _, _ = dscore.initialize(model=model, config=engine_config(cell, accelerator))
+    try:
+        engine.load_checkpoint(os.path.join(cell["dir"], accelerator), tag="t2")
+        loaded = {k: v.detach().float().cpu().numpy().copy() for k, v in engine.zero_stage_impl.module_state_dict().items()}
+        per_rank = MICRO * 2 // world  # the saving run's global batch (2 ranks x MICRO) per micro step
+        x, y = data(MICRO * 2 * GAS * 3)
+        for k in range(GAS * 2, GAS * 3):
+            rows = slice(k * MICRO * 2 + rank * per_rank, k * MICRO * 2 + (rank + 1) * per_rank)
+            for m in range(max(1, per_rank // MICRO)):
+                sub = slice(rows.start + m * MICRO, rows.start + (m + 1) * MICRO) if per_rank > MICRO else rows
+                loss = ((engine(x[sub].to(engine.device)).float() - y[sub].to(engine.device)) ** 2).mean()
+                engine.backward(loss)
+                engine.step()
+        state = engine.zero_stage_impl.module_state_dict()
+        masters = sorted({(str(p.dtype), p.device.type) for g in optimizer.param_groups for p in g["params"]})
+        return {
+            "loaded": loaded,
+            "params": {k: v.detach().float().cpu().numpy().copy() for k, v in state.items()},
+            "masters": masters,
+            "global_steps": engine.global_steps,
+        }
+    finally:
+        engine.close()
+
+
+def run_gathered(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """ZeRO-3: ``GatheredParameters`` reads full weights on every rank and writes one from rank 0; then
+    activation checkpointing (``dscore.checkpointing.checkpoint``) inside the model's forward for 2 steps."""
+    import torch
+    import torch.distributed as dist
+
+    import dscore
+    from dscore import checkpointing
+
+    class Ckpt(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = make_model()
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return checkpointing.checkpoint(self.body, x)
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    model = Ckpt()
+    engine, _, _, _ = dscore.initialize(model=model, config=engine_config(cell, accelerator))
+    try:
+        first = model.body[0].weight
+        with dscore.zero.GatheredParameters([first], modifier_rank=0):
+            seen = first.detach().float().cpu().numpy().copy()
+            shape = tuple(first.shape)
+            if rank == 0:
+                with torch.no_grad():
+                    first.mul_(0.5)
+        x, y = data(MICRO * world * GAS * 2)
+        span = MICRO * world
+        for k in range(GAS * 2):
+            rows = slice(k * span + rank * MICRO, k * span + (rank + 1) * MICRO)
+            loss = ((engine(x[rows].to(engine.device)).float() - y[rows].to(engine.device)) ** 2).mean()
+            engine.backward(loss)
+            engine.step()
+        state = engine.zero_stage_impl.module_state_dict()
+        return {
+            "seen": seen,
+            "shape": shape,
+            "params": {k: v.detach().float().cpu().numpy().copy() for k, v in state.items()},
+        }
+    finally:
+        engine.close()
+
+
+def run_pipeline(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """A 2-stage pipeline (tests/pipeline/pipe_models.py) with activation checkpointing, 2 steps."""
+    from tests.pipeline.pipe_models import train_pipeline
+
+    out = train_pipeline(2, 2, cell.get("gas", 2), checkpoint_interval=1, clip=cell.get("clip_value", 0.0))
+    return {"losses": out["losses"], "layers": out["layers"], "stage": out["stage"]}
+
+
+def run_gpt(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """The GPT example's model and config (examples/gpt) for a few steps on random tokens."""
+    import json
+    import sys
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+
+    import dscore
+
+    root = Path(__file__).resolve().parents[2] / "examples" / "gpt"
+    sys.path.insert(0, str(root))
+    try:
+        import model as gpt_model  # examples/gpt/model.py
+    finally:
+        sys.path.remove(str(root))
+    cfg = json.loads((root / "ds_config.json").read_text())
+    cfg.pop("train_batch_size", None)
+    cfg.update({"accelerator": accelerator, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+                "steps_per_print": 10**9})
+    cfg.pop("tensorboard", None)
+    cfg.pop("csv_monitor", None)
+    cfg.pop("wall_clock_breakdown", None)
+    torch.manual_seed(0)
+    net = gpt_model.GPT(gpt_model.GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=16))
+    engine, _, _, _ = dscore.initialize(model=net, config=cfg)
+    try:
+        rank = dist.get_rank()
+        g = torch.Generator().manual_seed(11)
+        tokens = torch.randint(0, 64, (3, dist.get_world_size(), 2, 17), generator=g)
+        losses = []
+        for step in range(3):
+            t = tokens[step, rank].to(engine.device)
+            loss = engine(t[:, :-1], t[:, 1:])
+            loss = loss[1] if isinstance(loss, tuple) else loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach().cpu()))
+        state = engine.zero_stage_impl.module_state_dict()
+        return {"losses": losses, "params": {k: v.detach().float().cpu().numpy().copy() for k, v in state.items()}}
+    finally:
+        engine.close()
+
+
+KINDS = {
+    "train": run_cell,
+    "save": run_checkpoint,
+    "resume": run_resume,
+    "gathered": run_gathered,
+    "pipeline": run_pipeline,
+    "gpt": run_gpt,
+}
+
+
+def run_matrix(cells: list[dict[str, Any]], platforms: tuple[str, ...] = ("testdev", "cpu")) -> dict[str, list[Any]]:
+    """On this rank: every cell on every platform; an exception becomes ``"ERROR: ..."`` for that cell.
+
+    ``DS_ACCELERATOR`` is set to the platform's accelerator while its cells run, so helpers that build
+    their own config (the pipeline's) select it too.
+    """
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    out: dict[str, list[Any]] = {}
+    for platform in platforms:
+        backend, accelerator = PLATFORMS[platform]
+        os.environ["DS_ACCELERATOR"] = accelerator
+        if platform == "testdev":
+            from dscore_testdevice.comm import register
+            from dscore_testdevice.device import activate
+
+            activate()
+            register()
+            torch.accelerator.set_device_index(int(os.environ.get("LOCAL_RANK", rank)))
+        dist.init_process_group(backend, rank=rank, world_size=world)
+        results = []
+        for cell in cells:
+            try:
+                results.append(KINDS[cell.get("kind", "train")](cell, accelerator))
+            except Exception:  # noqa: BLE001 - reported per cell by the test
+                results.append("ERROR: " + traceback.format_exc(limit=12))
+        dist.destroy_process_group()
+        out[platform] = results
+    os.environ.pop("DS_ACCELERATOR", None)
+    return out
