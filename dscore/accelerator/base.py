@@ -334,6 +334,19 @@ class Accelerator:
         """A page-locked copy of a CPU ``tensor`` (same shape and dtype) for fast host-device copies."""
         return tensor.pin_memory()
 
+    def supports_pinned_memory(self) -> bool:
+        """True when this accelerator can page-lock host memory (False for the CPU: nothing to copy to)."""
+        return True
+
+    def empty_pinned(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised 1-D host tensor of ``numel`` elements, page-locked when
+        :meth:`supports_pinned_memory`: allocated pinned in one step, so a large offload buffer never exists
+        twice (a plain allocation plus its pinned copy)."""
+        import torch
+
+        pin = self.supports_pinned_memory()
+        return torch.empty(int(numel), dtype=dtype, device="cpu", pin_memory=pin)
+
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         """True when ``tensor`` lives in page-locked host memory."""
         return bool(tensor.is_pinned())

@@ -155,7 +155,7 @@ class P2PLink:
                 f"{[(str(d), s) for d, s, _ in meta]} (dtype, shape); activation shapes are exchanged once, so every "
                 "micro-batch must have the same shapes (pad the batch, or use equal micro-batch sizes)"
             )
-        for i, t in enumerate(tensors):
+        for t in tensors:
             buf = t.detach().contiguous()  # kept alive in _pending until the send completed
             self._pending.append((self.comm.isend(buf, self.peer), buf))
 
@@ -166,7 +166,7 @@ class P2PLink:
         if self.recv_meta is None:
             self.recv_meta = self._recv_meta()
         out = []
-        for i, (dtype, shape, _) in enumerate(self.recv_meta):
+        for dtype, shape, _ in self.recv_meta:
             buf = torch.empty(shape, dtype=dtype, device=self.device)
             self.comm.recv(buf, self.peer)
             if requires_grad and buf.is_floating_point():
@@ -179,7 +179,7 @@ class P2PLink:
         """Send the gradient of every floating-point input received for ``micro_batch``, in order
         (zeros for an input that got none), asynchronously."""
         self._in_order("send gradients", micro_batch)
-        for i, g in enumerate(grads):
+        for g in grads:
             buf = g.contiguous()
             self._pending.append((self.comm.isend(buf, self.peer), buf))
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-__all__ = ["PhaseTimers", "active_timers"]
+__all__ = ["PhaseTimers", "active_timers", "clock"]
 
 _ACTIVE: PhaseTimers | None = None
 
@@ -34,6 +34,13 @@ def active_timers() -> PhaseTimers | None:
     """The timers of the most recently built engine with ``wall_clock_breakdown: true`` in this process,
     or ``None`` (the common case: callers skip timing entirely)."""
     return _ACTIVE
+
+
+def clock(timers: PhaseTimers | None) -> float:
+    """A clock read for a sub-phase: :meth:`PhaseTimers.now` (synchronizes the device first, so queued
+    device work is charged to the phase that queued it) when ``timers`` are active, else a plain
+    ``time.perf_counter()`` (no synchronization when nobody measures). Seconds."""
+    return time.perf_counter() if timers is None else timers.now()
 
 
 class PhaseTimers:
@@ -60,6 +67,11 @@ class PhaseTimers:
         global _ACTIVE
         if _ACTIVE is self:
             _ACTIVE = None
+
+    def now(self) -> float:
+        """Synchronize the device, then read the clock (seconds, ``time.perf_counter``)."""
+        self._sync()
+        return time.perf_counter()
 
     def start(self, name: str) -> None:
         """Start (or restart) timer ``name``."""

@@ -222,6 +222,10 @@ class CpuAccelerator(Accelerator):
         """Returns ``tensor`` itself (page-locking needs an accelerator; nothing to speed up on CPU)."""
         return tensor
 
+    def supports_pinned_memory(self) -> bool:
+        """False: the CPU accelerator never page-locks memory (see :meth:`pin_memory`)."""
+        return False
+
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         """Always False on the CPU accelerator."""
         return False

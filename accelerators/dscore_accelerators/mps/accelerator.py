@@ -156,6 +156,10 @@ class MpsAccelerator(Accelerator):
         """Returns ``tensor`` itself: Apple silicon memory is unified, there is nothing to page-lock."""
         return tensor
 
+    def supports_pinned_memory(self) -> bool:
+        """False, like :meth:`pin_memory`: MPS shares memory with the host."""
+        return False
+
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         """Always False (unified memory)."""
         return False

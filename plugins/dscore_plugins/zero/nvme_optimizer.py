@@ -563,9 +563,11 @@ def attach(
     # NVMe offload is there to bound host memory: freed multi-MiB blocks (gradients, swap buffers) must go
     # back to the OS instead of staying in glibc's heap (measured: +200 MiB RSS on a 34M-parameter model)
     apply_host_malloc_policy()
-    # the swap manager pins its buffers only where a device runtime can (never on a CPU-only host)
+    # swap buffers are pinned only where the accelerator can pin (never on a CPU-only host); the
+    # accelerator decides, not a torch.cuda query
+    pin = bool(block.pin_memory) and ctx.accelerator.supports_pinned_memory()
     return build_swapper(optimizer, masters, targets, section=ctx.section, aio=ctx.config.section("aio"),
-                         comm=ctx.comm, rank=rank, pin_memory=bool(block.pin_memory))
+                         comm=ctx.comm, rank=rank, pin_memory=pin)
 
 
 def materialized(optimizer: torch.optim.Optimizer | None, *, write_back: bool = False) -> contextlib.AbstractContextManager[Any]:

@@ -236,5 +236,5 @@ def attach(ctx: Any, units: Sequence[Any], rank: int) -> NVMeParamSwapper | None
     return NVMeParamSwapper(
         units, folder=folder, aio=ctx.config.section("aio"), run_id=run_id, rank=rank,
         buffer_count=int(block.buffer_count), buffer_size=int(block.buffer_size), max_in_cpu=int(block.max_in_cpu),
-        pin_memory=bool(block.pin_memory),
+        pin_memory=bool(block.pin_memory) and ctx.accelerator.supports_pinned_memory(),
     )

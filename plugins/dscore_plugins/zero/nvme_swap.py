@@ -96,8 +96,8 @@ class NVMeSwapManager:
         rank: this process's rank (its own subfolder).
         buffer_count: how many tensors may be read ahead by :meth:`prefetch` and not yet taken by
             :meth:`swap_in` (DeepSpeed's ``buffer_count``, default 4).
-        pin_memory: allocate read buffers page-locked when an accelerator runtime can pin memory
-            (ignored otherwise; :attr:`pinned` tells which).
+        pin_memory: allocate read buffers page-locked; the caller passes it only where its accelerator
+            can pin (:meth:`dscore.accelerator.Accelerator.supports_pinned_memory`).
 
     Raises:
         AsyncIOError: the folder cannot be created (read-only, missing parent permissions).
@@ -143,9 +143,8 @@ class NVMeSwapManager:
         except BaseException:
             self._cleanup()
             raise
-        import torch
-
-        self.pinned = bool(pin_memory and torch.cuda.is_available())
+        # the caller asked the accelerator whether it can pin (Accelerator.supports_pinned_memory)
+        self.pinned = bool(pin_memory)
         self._entries: dict[str, SwapEntry] = {}
         self._writing: dict[str, Any] = {}  # name -> tensor whose write is queued
         self._prefetched: OrderedDict[str, Any] = OrderedDict()  # name -> buffer being/been read

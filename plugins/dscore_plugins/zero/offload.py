@@ -47,8 +47,9 @@ def host_tensor(numel: int, dtype: torch.dtype, pin: bool, accelerator: Accelera
     Pinning is the accelerator's call (the CPU accelerator returns the tensor as it is), never a
     direct ``torch.cuda`` query.
     """
-    t = torch.zeros(numel, dtype=dtype, device="cpu")
-    return accelerator.pin_memory(t) if pin else t
+    # allocated pinned in one step (never a plain buffer plus its pinned copy: twice the peak host memory)
+    t = accelerator.empty_pinned(numel, dtype) if pin else torch.empty(numel, dtype=dtype, device="cpu")
+    return t.zero_()
 
 
 def step_offloaded(optimizer: torch.optim.Optimizer, partitions: Sequence[torch.Tensor]) -> None:

@@ -50,7 +50,6 @@ files between steps (:mod:`.nvme_optimizer`) and the step writes this rank's chu
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import torch
@@ -58,7 +57,7 @@ import torch
 from dscore.comm import Work
 from dscore.errors import ConfigError
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
-from dscore.runtime.timers import active_timers
+from dscore.runtime.timers import active_timers, clock
 from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.reducer import GradientReducer, ReduceBucket
@@ -300,10 +299,10 @@ class PartitionedOptimizerStage(ZeroStage):
         finally:
             self.reducer.end()
         if reduce_now:
-            t0 = time.perf_counter()
+            t0 = clock(timers)
             self._flush()
             if timers is not None:
-                timers.add("backward.reduce_wait", time.perf_counter() - t0)
+                timers.add("backward.reduce_wait", clock(timers) - t0)
         if timers is not None:
             timers.add("backward.bucket", self.reducer.copy_seconds)
 

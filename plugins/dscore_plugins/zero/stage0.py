@@ -39,7 +39,6 @@ tensor (:attr:`StepOutcome.global_grad_norm`) so the engine reads it only on req
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,7 +46,7 @@ import torch
 
 from dscore.errors import ConfigError
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
-from dscore.runtime.timers import active_timers
+from dscore.runtime.timers import active_timers, clock
 from dscore.zero.optimizer import optimizer_state_bytes, unique_trainable
 from dscore.zero.reducer import GradientReducer, ReduceBucket
 from dscore_plugins.zero.config import ZeroConfig
@@ -300,9 +299,9 @@ class Stage0(ZeroStage):
         pre, post = self._divisors()
         if not overlapped:
             self.reducer.begin(launch=False, prescale=pre, timed=timers is not None)
-        t0 = time.perf_counter()
+        t0 = clock(timers)
         self.reducer.flush()  # launches what backward did not (all of it without overlap), then waits
-        t1 = time.perf_counter()
+        t1 = clock(timers)
         if post != 1.0:
             torch._foreach_div_([g.grad for g in self.groups], post)
         if timers is not None:
@@ -314,7 +313,8 @@ class Stage0(ZeroStage):
         if not self._reduced:
             self._reduce()
         self._reduced = False
-        t_clip = time.perf_counter()
+        timers = active_timers()
+        t_clip = clock(timers)
         scale = float(self.loss_scaler.loss_scale) if self.loss_scaler is not None else 1.0
         if self.master_weights:
             for g in self.groups:
@@ -350,8 +350,7 @@ class Stage0(ZeroStage):
                 torch._foreach_mul_(flats, coef) if len(flats) > 1 else flats[0].mul_(coef)
             elif scale != 1.0:
                 torch._foreach_mul_(flats, 1.0 / scale)
-        timers = active_timers()
-        t0 = time.perf_counter() if timers is not None else 0.0
+        t0 = clock(timers)
         if self._optimizer is not None:
             self._optimizer.step()
         if self.master_weights:
@@ -361,7 +360,7 @@ class Stage0(ZeroStage):
         self._zero_buffers()
         if timers is not None:
             timers.add("step.clip", t0 - t_clip)
-            timers.add("step.optimizer", time.perf_counter() - t0)
+            timers.add("step.optimizer", clock(timers) - t0)
         return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)
 
     def zero_grad(self) -> None:

@@ -50,7 +50,6 @@ stepped by one fused ``torch.optim`` call).
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from typing import Any
 
@@ -59,7 +58,7 @@ from torch.utils._pytree import tree_flatten
 
 from dscore.errors import ConfigError
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
-from dscore.runtime.timers import active_timers
+from dscore.runtime.timers import active_timers, clock
 from dscore.zero.buffer_cache import GatherBufferCache
 from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
@@ -516,7 +515,7 @@ class Stage3(ZeroStage):
         for s in units:
             self._in_use.add(id(s.unit))
         timers = active_timers()
-        t0 = time.perf_counter()
+        t0 = clock(timers)
         # launch this module's gathers and the prefetches before waiting, so all are in flight together
         for s in units:
             self._fetch(s, async_op=True)
@@ -524,7 +523,7 @@ class Stage3(ZeroStage):
         for s in units:
             s.unit.wait()
         if timers is not None:
-            timers.add("forward.allgather_wait", time.perf_counter() - t0)
+            timers.add("forward.allgather_wait", clock(timers) - t0)
 
     def _post_forward(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
         units = self.module_units[mod]
@@ -598,11 +597,11 @@ class Stage3(ZeroStage):
             loss.backward(retain_graph=retain_graph)
         finally:
             self.reducer.end()
-        t0 = time.perf_counter()
+        t0 = clock(timers)
         # every rank reduces every trainable unit once per micro step, in unit order for the rest
         self.reducer.flush()
         if timers is not None:
-            timers.add("backward.reduce_wait", time.perf_counter() - t0)
+            timers.add("backward.reduce_wait", clock(timers) - t0)
             timers.add("backward.bucket", self.reducer.copy_seconds)
         self._fresh = False
         self._in_use.clear()

@@ -11,14 +11,13 @@ zero gradients. Timers: ``step.clip``, ``step.optimizer``, ``step.allgather``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
 from dscore.protocols.zero import StepOutcome
-from dscore.runtime.timers import active_timers
+from dscore.runtime.timers import active_timers, clock
 from dscore.zero.optimizer import unscale_clip_for_step
 from dscore_plugins.zero.offload import step_offloaded
 
@@ -59,7 +58,7 @@ def step_partitions(
         for g in master_grads:
             g.zero_()
     timers = active_timers()
-    t0 = time.perf_counter()
+    t0 = clock(timers)
     norm, skip, overflow = unscale_clip_for_step(
         [g for g in master_grads if g.numel()], comm, precision=precision, loss_scaler=loss_scaler, clip=clip,
         world=world,
@@ -67,17 +66,17 @@ def step_partitions(
     if skip:
         zero_grad()
         return StepOutcome(applied=False, overflow=overflow, global_grad_norm=None)
-    t1 = time.perf_counter()
+    t1 = clock(timers)
     if optimizer is not None:
         if offload:
             step_offloaded(optimizer, masters)
         else:
             optimizer.step()
-        t2 = time.perf_counter()
+        t2 = clock(timers)
         publish()
         if timers is not None:
             timers.add("step.optimizer", t2 - t1)
-            timers.add("step.allgather", time.perf_counter() - t2)
+            timers.add("step.allgather", clock(timers) - t2)
     if timers is not None:
         timers.add("step.clip", t1 - t0)
     zero_grad()

@@ -194,6 +194,8 @@ def _device_module(ext: Any) -> types.ModuleType:
         "get_rng_state": lambda device=None: torch.get_rng_state(),
         "set_rng_state": lambda state, device=None: torch.set_rng_state(state),
         "get_amp_supported_dtype": lambda: [torch.float16, torch.bfloat16],
+        # not in torch.cuda: device scalars read on the host so far (each a host sync on a GPU)
+        "host_scalar_reads": lambda: int(ext.host_scalar_reads()),
     }
     for name, fn in funcs.items():
         setattr(mod, name, fn)

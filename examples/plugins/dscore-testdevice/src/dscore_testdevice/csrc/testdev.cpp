@@ -12,6 +12,7 @@
 //   * the views torch needs a backend to implement (as_strided, view, _reshape_alias, unfold, set_);
 //   * every other operator through at::native::cpu_fallback, after a device check that raises as CUDA
 //     does when a non-scalar CPU tensor (or another testdev index) is mixed in;
+//   * a count of device scalars read on the host (the host synchronizations of a GPU);
 //   * PrivateUse1 hooks: pinned host memory (a real allocator that remembers its ranges, so
 //     is_pinned() is true only for memory it handed out), device count, current device.
 #include <ATen/ATen.h>
@@ -319,6 +320,15 @@ at::Tensor& set_empty(at::Tensor& self) {
   return at::native::set_storage_cpu_(self, storage, 0, {0}, {});
 }
 
+// Reading a device scalar on the host (.item(), float(t), bool(t)) is a device->host synchronization on a
+// GPU; counted so tests can assert a code path has none.
+std::atomic<int64_t> scalar_reads{0};
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  scalar_reads.fetch_add(1, std::memory_order_relaxed);
+  return at::_local_scalar_dense(host_alias(self));
+}
+
 // ------------------------------------------------------------------------- fallback with device checks
 bool allows_host_indices(const c10::OperatorName& name) {
   // CUDA accepts CPU index tensors for advanced indexing (they are moved to the device)
@@ -384,6 +394,7 @@ void reset_peak_memory_stats(int64_t device) {
   counters[device].peak.store(counters[device].allocated.load());
 }
 int64_t device_count() { return device_count_value(); }
+int64_t host_scalar_reads() { return scalar_reads.load(); }
 int64_t current_device() { return tl_device; }
 void set_device(int64_t device) { GuardImpl().setDevice(c10::Device(DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device))); }
 int64_t current_stream_id(int64_t device) { return tl_stream[device]; }
@@ -404,6 +415,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", testdev::set_source_storage);
   m.impl("set_.source_Storage_storage_offset", testdev::set_source_storage_offset);
   m.impl("set_", testdev::set_empty);
+  m.impl("_local_scalar_dense", testdev::local_scalar_dense);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
@@ -420,4 +432,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("max_memory_allocated", &testdev::max_memory_allocated);
   m.def("reset_peak_memory_stats", &testdev::reset_peak_memory_stats);
   m.def("is_pinned", &testdev::is_pinned);
+  m.def("host_scalar_reads", &testdev::host_scalar_reads, "device scalars read on the host so far (host syncs)");
 }

@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import tempfile
 import traceback
+from pathlib import Path
 from typing import Any
 
 IN, HID, OUT = 6, 8, 3
 MICRO, GAS, STEPS = 2, 2, 3
 CLIP = 0.1
 LR = 0.02
+SGD_LR = 0.05
 
 PLATFORMS = {"testdev": ("testnccl", "testdev"), "cpu": ("gloo", "cpu")}
 
@@ -37,7 +39,10 @@ def engine_config(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
         "accelerator": accelerator,
         "train_micro_batch_size_per_gpu": MICRO,
         "gradient_accumulation_steps": gas,
-        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01, "torch_adam": True}},
+        "optimizer": (
+            {"type": "SGD", "params": {"lr": SGD_LR}} if cell.get("optimizer") == "SGD"
+            else {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01, "torch_adam": True}}
+        ),
         "zero_optimization": {
             "stage": cell["stage"],
             "reduce_bucket_size": 50,
@@ -81,19 +86,20 @@ def run_cell(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
 
     world, rank = dist.get_world_size(), dist.get_rank()
     gas = cell.get("gas", GAS)
+    steps = cell.get("steps", STEPS)
     with tempfile.TemporaryDirectory() as swap:
         cell = {**cell, "_swap": swap}
         model = make_model()
         engine, optimizer, _, _ = dscore.initialize(model=model, config=engine_config(cell, accelerator))
         try:
             device = engine.device
-            x, y = data(MICRO * world * gas * STEPS)
-            if cell.get("spike"):  # an overflow at the second step (fp16: the step is skipped)
+            x, y = data(MICRO * world * gas * steps)
+            if cell.get("spike"):  # inputs fp16 cannot hold at the second step: an overflow, the step is skipped
                 x[MICRO * world * gas:MICRO * world * (gas + 1)] *= 1e6
             dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cell["precision"]]
             losses, scales, applied = [], [], []
             span = MICRO * world
-            for k in range(gas * STEPS):
+            for k in range(gas * steps):
                 rows = slice(k * span + rank * MICRO, k * span + (rank + 1) * MICRO)
                 xb = x[rows].to(device=device, dtype=dtype)
                 yb = y[rows].to(device=device)
@@ -105,7 +111,7 @@ def run_cell(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
                 losses.append(float(loss.detach().cpu()))
                 if (k + 1) % gas == 0:
                     applied.append(bool(engine.was_step_applied()))
-                    scales.append(float(engine.loss_scale()))
+                    scales.append(float(engine.get_loss_scale()) if cell["precision"] == "fp16" else 1.0)
             state = engine.zero_stage_impl.module_state_dict()
             masters = sorted({(str(p.dtype), p.device.type) for g in optimizer.param_groups for p in g["params"]})
             return {
@@ -118,6 +124,12 @@ def run_cell(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
             }
         finally:
             engine.close()
+
+
+def _dtype(cell: dict[str, Any]) -> Any:
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cell["precision"]]
 
 
 def run_checkpoint(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
@@ -135,12 +147,21 @@ def run_checkpoint(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
             span = MICRO * world
             for k in range(GAS * 2):
                 rows = slice(k * span + rank * MICRO, k * span + (rank + 1) * MICRO)
-                loss = ((engine(x[rows].to(engine.device)).float() - y[rows].to(engine.device)) ** 2).mean()
+                xb = x[rows].to(device=engine.device, dtype=_dtype(cell))
+                loss = ((engine(xb).float() - y[rows].to(engine.device)) ** 2).mean()
                 engine.backward(loss)
                 engine.step()
-            engine.save_checkpoint(os.path.join(cell["dir"], accelerator), tag="t2")
+            where = os.path.join(cell["dir"], accelerator)
+            engine.save_checkpoint(where, tag="t2")
             state = engine.zero_stage_impl.module_state_dict()
-            return {"params": {k: v.detach().float().cpu().numpy().copy() for k, v in state.items()}}
+            from dscore.checkpoint.export import get_fp32_state_dict_from_checkpoint
+
+            fp32 = get_fp32_state_dict_from_checkpoint(where, "t2")  # the fp32 masters where there are any
+            return {
+                "params": {k: v.detach().float().cpu().numpy().copy() for k, v in state.items()},
+                "masters": {k: v.detach().cpu().numpy().copy() for k, v in fp32.items()},
+                "master_dtypes": sorted({str(v.dtype) for v in fp32.values()}),
+            }
         finally:
             engine.close()
 
@@ -225,7 +246,10 @@ def run_gathered(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
 
 def run_pipeline(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
     """A 2-stage pipeline (tests/pipeline/pipe_models.py) with activation checkpointing, 2 steps."""
-    from tests.pipeline.pipe_models import train_pipeline
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
+    from pipe_models import train_pipeline
 
     out = train_pipeline(2, 2, cell.get("gas", 2), checkpoint_interval=1, clip=cell.get("clip_value", 0.0))
     return {"losses": out["losses"], "layers": out["layers"], "stage": out["stage"]}
@@ -276,7 +300,42 @@ def run_gpt(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
         engine.close()
 
 
+def run_ds_resume(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """Load a DeepSpeed 0.19.8 checkpoint (tests/checkpoint_deepspeed/data/<fixture>) into a ZeRO ``stage``
+    engine at this world size, train its remaining steps; the errors against DeepSpeed's final weights."""
+    import torch
+    import torch.distributed as dist
+
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint_deepspeed"))
+    import ds_fixture_helpers as H
+
+    path = str(Path(__file__).resolve().parents[1] / "checkpoint_deepspeed" / "data" / cell["fixture"])
+    exp = H.expected(path)
+    exp = {**exp, "config": {**exp["config"], "accelerator": accelerator}}
+    rank, ws = dist.get_rank(), dist.get_world_size()
+    engine = H.engine_for(exp, cell["stage"], ws)
+    try:
+        engine.load_checkpoint(path)
+        kind = exp.get("model", "mlp")
+        for step in range(exp["save_at"] + 1, exp["total_steps"] + 1):
+            for x, y in H.my_micro_batches(kind, step, int(exp["world_size"]), rank, ws):
+                out = engine(x.to(engine.device))
+                loss = torch.nn.functional.cross_entropy(out.float(), y.to(engine.device))
+                engine.backward(loss)
+                engine.step()
+        final = engine.zero_stage_impl.module_state_dict()
+        return {
+            "errors": H.max_errors(final, exp["at_end"]["params"], rank_local_buffers=ws != int(exp["world_size"])),
+            "params": {k: v.detach().float().cpu().numpy().copy() for k, v in final.items()},
+        }
+    finally:
+        engine.close()
+
+
 KINDS = {
+    "ds_resume": run_ds_resume,
     "train": run_cell,
     "save": run_checkpoint,
     "resume": run_resume,

@@ -1,0 +1,81 @@
+"""The test device itself and NCCL's rules (examples/plugins/dscore-testdevice), plus the host-sync and
+timer defects of issue 28 measured on it. Each check runs in spawned processes (activating the device
+renames torch's PrivateUse1 backend process-wide)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import testdevice_checks as checks
+
+from dscore.testing import run_distributed
+
+
+@pytest.fixture(scope="module")
+def semantics() -> dict[str, Any]:
+    return run_distributed(checks.device_semantics, 1, init_process_group=False, timeout=600)[0]
+
+
+def test_device_is_not_the_host(semantics: dict[str, Any]) -> None:
+    s = semantics
+    assert s["device"] == "testdev:0" and s["is_cpu"] is False
+    assert s["roundtrip_equal"] and s["strided_copy_equal"] and s["view_inplace_equal"]
+    assert "Expected all tensors to be on the same device" in s["mix_host_error"], s["mix_host_error"]
+    assert "testdev:1" in s["mix_index_error"], s["mix_index_error"]
+    assert s["mix_host_scalar_ok"], "a 0-dim CPU tensor is accepted with device tensors, as on CUDA"
+    assert s["numpy_error"], "a device tensor cannot be viewed as numpy"
+    assert s["grad_device"] == "testdev:0"
+
+
+def test_allocator_pinning_streams_events_and_counters(semantics: dict[str, Any]) -> None:
+    s = semantics
+    assert s["memory_allocated_delta"] == 1 << 20 and s["memory_after_free_delta"] == 0
+    assert s["pinned"], "pin_memory() goes through the device's pinned allocator; plain host memory is not pinned"
+    assert s["new_stream_differs"]
+    assert s["event_elapsed_ms"] >= 0.0
+    assert s["scalar_reads_counted"] == 1
+
+
+def test_registered_as_a_third_party_accelerator(semantics: dict[str, Any]) -> None:
+    name, device_type, backend, device = semantics["accelerator"]
+    assert (name, device_type, backend, device) == ("testdev", "testdev", "testnccl", "testdev:0")
+    assert "DS_ACCELERATOR" in semantics["accelerator_reason"]
+
+
+def test_host_tensor_is_pinned_in_one_allocation(semantics: dict[str, Any]) -> None:
+    """Defect 7: host_tensor zero-filled a plain buffer and copied it into pinned memory (twice the peak)."""
+    h = semantics["host_tensor"]
+    assert h == {"pinned": True, "zero": True, "copies": [], "device": "cpu"}, h
+
+
+@pytest.mark.slow
+def test_nccl_rules() -> None:
+    res = run_distributed(checks.nccl_rules, 2, init_process_group=False, timeout=600)
+    for r, out in enumerate(res):
+        assert out["backend"] == "testnccl"
+        for key, call in (("host_all_reduce", "all_reduce"), ("host_broadcast", "broadcast"),
+                          ("host_all_gather", "all_gather_into_tensor"), ("host_send", "send")):
+            assert f"testnccl.{call}" in out[key] and "cpu tensor" in out[key], out[key]
+        assert "current device" in out["other_device"], out["other_device"]
+        assert out["before_wait"] == [float(r + 1)] * 4, "results land only when the work is waited for"
+        assert out["after_wait"] == [3.0] * 4
+        assert out["avg"] == [1.5, 1.5]
+        assert out["all_gather"] == [3.0] * 8
+        assert out["reduce_scatter"] == ([0.0, 2.0] if r == 0 else [4.0, 6.0])
+        assert out["objects"] == [{"rank": 0}, {"rank": 1}]
+    assert res[1]["p2p_order"] == [[1.0, 1.0], [2.0, 2.0]], "tags are ignored: first posted, first received"
+
+
+@pytest.mark.slow
+def test_no_host_sync_in_clipping_and_timers_synchronize_the_device() -> None:
+    """Defect 1 (the norm all-reduced on the device even for host partitions) and defect 7 (no
+    ``float(norm)`` host sync without overflow checking; sub-phase timers synchronize the device)."""
+    res = run_distributed(checks.syncs_and_timers, 2, init_process_group=False, timeout=600)
+    for out in res:
+        assert out["backend"] == "testnccl"
+        assert out["unscale_clip_scalar_reads"] == 0, out
+        assert out["norm_device"].startswith("testdev") and out["host_norm_device"].startswith("testdev"), out
+        # the engine's own step timer syncs twice; every sub-phase boundary read adds one
+        assert out["step_subphases"] == ["step.allgather", "step.clip", "step.optimizer"], out
+        assert out["step_syncs"] >= 2 + len(out["step_subphases"]) + 1, out
