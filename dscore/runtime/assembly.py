@@ -29,6 +29,7 @@ from dscore.registry import Registry
 from dscore.runtime.dataloader import DscoreDataLoader
 from dscore.runtime.engine import DscoreEngine
 from dscore.runtime.optimizer_builder import build_lr_scheduler, choose_optimizer
+from dscore.runtime.placement import to_module
 from dscore.specs import MonitorSpec, PrecisionSpec
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ def assemble(
         from dscore.parallel.ulysses import require_ulysses_attention
 
         require_ulysses_attention(model, mesh.sp_size)
-    model.to(accelerator.device())
+    to_module(model, device=accelerator.device())  # keeps Parameter objects (ties) on out-of-tree devices
     module = precision.prepare_module(model) or model
     stage_number = int(cfg.zero_stage)
     loss_scaler = precision.make_loss_scaler(zero_stage=stage_number)

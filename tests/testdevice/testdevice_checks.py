@@ -12,7 +12,6 @@ from typing import Any
 
 def _activate() -> Any:
     import torch
-
     from dscore_testdevice.device import activate
 
     module = activate()
@@ -105,7 +104,6 @@ def nccl_rules() -> dict[str, Any]:
     """Two ranks on ``testnccl``: what NCCL's rules refuse and how point-to-point and results behave."""
     import torch
     import torch.distributed as dist
-
     from dscore_testdevice.comm import register
 
     _activate()

@@ -285,15 +285,23 @@ def run_gpt(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
     try:
         rank = dist.get_rank()
         g = torch.Generator().manual_seed(11)
-        tokens = torch.randint(0, 64, (3, dist.get_world_size(), 2, 17), generator=g)
+        steps = cell.get("steps", 3)
+        tokens = torch.randint(0, 64, (steps, dist.get_world_size(), 2, 17), generator=g)
         losses = []
-        for step in range(3):
+        # the same attention algorithm on both platforms: torch picks its fused CPU kernel on the host but
+        # the math one on an out-of-tree device (they differ in the last bits)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        math_attention = sdpa_kernel(SDPBackend.MATH)
+        math_attention.__enter__()
+        for step in range(steps):
             t = tokens[step, rank].to(engine.device)
             loss = engine(t[:, :-1], t[:, 1:])
             loss = loss[1] if isinstance(loss, tuple) else loss
             engine.backward(loss)
             engine.step()
             losses.append(float(loss.detach().cpu()))
+        math_attention.__exit__(None, None, None)
         state = engine.zero_stage_impl.module_state_dict()
         return {"losses": losses, "params": {k: v.detach().float().cpu().numpy().copy() for k, v in state.items()}}
     finally:
@@ -303,10 +311,10 @@ def run_gpt(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
 def run_ds_resume(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
     """Load a DeepSpeed 0.19.8 checkpoint (tests/checkpoint_deepspeed/data/<fixture>) into a ZeRO ``stage``
     engine at this world size, train its remaining steps; the errors against DeepSpeed's final weights."""
+    import sys
+
     import torch
     import torch.distributed as dist
-
-    import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "checkpoint_deepspeed"))
     import ds_fixture_helpers as H

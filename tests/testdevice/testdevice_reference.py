@@ -14,7 +14,6 @@ import math
 from typing import Any
 
 import torch
-
 from testdevice_matrix import CLIP, GAS, LR, MICRO, SGD_LR, STEPS, data, make_model
 
 

@@ -53,6 +53,7 @@ from dscore.pipe.p2p import P2PLink, PipelineError, as_tuple
 from dscore.pipe.schedule import FORWARD, inference_schedule, train_schedule
 from dscore.protocols.engine import EngineContext
 from dscore.runtime.engine import DscoreEngine
+from dscore.runtime.placement import to_module
 
 __all__ = ["PipelineEngine", "build_pipeline_engine", "handles"]
 
@@ -134,7 +135,7 @@ def build_pipeline_engine(ctx: EngineContext) -> PipelineEngine:
         )
     runtime = ctx.runtime
     grid = model.grid
-    model.to(runtime.accelerator.device())
+    to_module(model, device=runtime.accelerator.device())  # keeps Parameter objects (ties) on any device
     model.synchronize_tied_weights()
     module = precision.prepare_module(model) or model
     loss_scaler = precision.make_loss_scaler(zero_stage=stage_number)

@@ -32,8 +32,11 @@ log = logging.getLogger("dscore.precision")
 
 
 def _cast_module(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """Cast floating-point parameters and buffers of ``module`` to ``dtype`` in place (ints untouched)."""
-    return module.to(dtype=dtype)
+    """Cast floating-point parameters and buffers of ``module`` to ``dtype`` in place (ints untouched),
+    keeping every ``Parameter`` object (:func:`dscore.runtime.placement.to_module`)."""
+    from dscore.runtime.placement import to_module
+
+    return to_module(module, dtype=dtype)
 
 
 class Fp32Mode(PrecisionMode):

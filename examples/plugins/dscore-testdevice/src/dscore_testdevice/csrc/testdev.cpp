@@ -416,6 +416,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage_storage_offset", testdev::set_source_storage_offset);
   m.impl("set_", testdev::set_empty);
   m.impl("_local_scalar_dense", testdev::local_scalar_dense);
+  // ops with a CompositeExplicitAutograd kernel would run that generic decomposition on an out-of-tree
+  // device instead of the backend fallback; route them to the CPU kernels so the device computes exactly
+  // what the host computes
+  m.impl("native_layer_norm", torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
+  m.impl("native_layer_norm_backward", torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
+  m.impl("native_group_norm", torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
+  m.impl("native_group_norm_backward", torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
