@@ -68,6 +68,9 @@ def _cells(tmp: str) -> list[dict[str, Any]]:
         cells.append({"kind": "save", "stage": stage, "precision": "fp32", "offload": off, "dir": f"{tmp}/fp32-{stage}"})
         cells.append({"kind": "save", "stage": stage, "precision": "bf16", "offload": off, "optimizer": "SGD",
                       "dir": f"{tmp}/bf16-{stage}"})
+    # a save before any step: only the checkpoint gathers touch the host masters (defect 2)
+    cells.append({"kind": "save", "stage": 2, "precision": "fp32", "offload": "cpu", "train_steps": 0,
+                  "dir": f"{tmp}/untrained"})
     cells += [
         {"kind": "gathered", "stage": 3, "precision": "fp32"},
         {"kind": "pipeline", "stage": 0, "precision": "fp32"},

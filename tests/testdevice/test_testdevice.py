@@ -79,3 +79,60 @@ def test_no_host_sync_in_clipping_and_timers_synchronize_the_device() -> None:
         # the engine's own step timer syncs twice; every sub-phase boundary read adds one
         assert out["step_subphases"] == ["step.allgather", "step.clip", "step.optimizer"], out
         assert out["step_syncs"] >= 2 + len(out["step_subphases"]) + 1, out
+
+
+def test_pipeline_links_check_the_order_instead_of_relying_on_tags() -> None:
+    """Defect 5: messages between two stages are matched in posting order (NCCL has no tags); a link asked
+    to receive micro-batch 1 before 0 must refuse instead of silently taking micro-batch 0's tensors."""
+    import torch
+
+    from dscore.pipe.p2p import P2PLink, PipelineError
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.tags: list[int] = []
+
+        def send(self, tensor: Any, dst: int, *, tag: int = 0, group: Any = None) -> None:
+            self.tags.append(tag)
+
+        def recv(self, tensor: Any, src: int, *, tag: int = 0, group: Any = None) -> None:
+            self.tags.append(tag)
+
+        def isend(self, tensor: Any, dst: int, *, tag: int = 0, group: Any = None) -> Any:
+            self.tags.append(tag)
+            return None
+
+    comm = Recorder()
+    link = P2PLink(1, torch.device("cpu"), comm)  # type: ignore[arg-type]
+    link.recv_meta = [(torch.float32, (2,), True)]
+    with pytest.raises(PipelineError, match="micro-batch 1, but the next one in order is 0"):
+        link.recv_activations(1, requires_grad=True)
+    link.recv_activations(0, requires_grad=True)
+    link.recv_activations(1, requires_grad=True)
+    link.send_activations((torch.ones(2, requires_grad=True),), 0, "stage 0")
+    assert set(comm.tags) == {0}, f"no tags on the wire, got {sorted(set(comm.tags))}"
+
+
+def test_no_direct_torch_cuda_outside_cuda_code() -> None:
+    """Defect 7: deep code asks the accelerator; ``torch.cuda`` appears only in CUDA-specific code."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    allowed = {
+        "accelerators/dscore_accelerators/cuda/accelerator.py", "accelerators/dscore_accelerators/cuda/plugin.py",
+        "dscore/ops/builder.py",  # CUDAOpBuilder: the CUDA toolchain itself
+        "dscore/env_report.py",  # `dscore report` prints what torch.cuda sees
+        "dscore/accelerator/base.py",  # docstrings naming torch.cuda as the example device module
+    }
+    offenders = []
+    for tree in ("dscore", "plugins", "accelerators"):
+        for path in (root / tree).rglob("*.py"):
+            rel = path.relative_to(root).as_posix()
+            if rel in allowed:
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                code = line.split("#", 1)[0]
+                if re.search(r"\btorch\.cuda\.", code) and '"""' not in code and "``" not in code:
+                    offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

@@ -145,7 +145,7 @@ def run_checkpoint(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
         try:
             x, y = data(MICRO * world * GAS * 2)
             span = MICRO * world
-            for k in range(GAS * 2):
+            for k in range(GAS * cell.get("train_steps", 2)):
                 rows = slice(k * span + rank * MICRO, k * span + (rank + 1) * MICRO)
                 xb = x[rows].to(device=engine.device, dtype=_dtype(cell))
                 loss = ((engine(xb).float() - y[rows].to(engine.device)) ** 2).mean()
