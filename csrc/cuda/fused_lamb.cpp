@@ -1,4 +1,4 @@
-// Thin torch binding of fused_lamb (allocates the per-tensor norm scratch on the params' device).
+// Thin torch binding of fused_lamb (allocates the norm scratch on the params' device).
 #include "fused_binding.h"
 
 void fused_lamb(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
@@ -8,15 +8,16 @@ void fused_lamb(const std::vector<at::Tensor>& params, const std::vector<at::Ten
     auto lists = dscore::pointer_lists(params, grads, exp_avg, &exp_avg_sq);
     if (lists.numels.empty()) return;
     const c10::cuda::CUDAGuard guard(params[0].device());
-    auto norms = at::empty({2 * static_cast<int64_t>(lists.numels.size())},
-                           params[0].options().dtype(at::kFloat));
+    const int n = static_cast<int>(lists.numels.size());
+    auto scratch = at::empty({static_cast<int64_t>(dscore::fused_lamb_scratch_bytes(n, lists.numels.data()))},
+                             params[0].options().dtype(at::kByte));
     const dscore::LambArgs args{static_cast<float>(lr), static_cast<float>(beta1), static_cast<float>(beta2),
                                 static_cast<float>(eps), static_cast<float>(weight_decay),
                                 static_cast<float>(max_coeff), static_cast<float>(min_coeff),
                                 static_cast<int>(step), bias_correction};
-    dscore::fused_lamb_cuda(static_cast<int>(lists.numels.size()), lists.params.data(), lists.grads.data(),
-                            lists.state1.data(), lists.state2.data(), lists.numels.data(), lists.dtype, args,
-                            norms.data_ptr<float>(), c10::cuda::getCurrentCUDAStream().stream());
+    dscore::fused_lamb_cuda(n, lists.params.data(), lists.grads.data(), lists.state1.data(), lists.state2.data(),
+                            lists.numels.data(), lists.dtype, args, scratch.data_ptr(),
+                            c10::cuda::getCurrentCUDAStream().stream());
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -1,9 +1,14 @@
 // Fused multi-tensor LAMB (You et al. 2020), torch-free. Two launches over all tensors:
 //   1. m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; u = (m/bc1) / (sqrt(v/bc2) + eps) + wd*p;
-//      accumulate ||p||^2 and ||u||^2 per tensor (block reduction + atomicAdd into `norms`).
-//   2. r = ||p|| / ||u|| (1 when either is 0), clamped to [min_coeff, max_coeff]; p -= lr * r * u
+//      each block writes its partial ||p||^2 and ||u||^2 into its own slot (one per (tensor, chunk)).
+//   2. one thread per tensor adds its chunks' partials in chunk order into `norms`.
+//   3. r = ||p|| / ||u|| (1 when either is 0), clamped to [min_coeff, max_coeff]; p -= lr * r * u
 //      (u recomputed from the updated m, v and the unchanged p, so no scratch copy of u is needed).
+// Deterministic: every sum has a fixed order (warp shuffles, warps in index order, chunks in index
+// order), so the same inputs give the same bits on every run. Float atomicAdd into one per-tensor
+// sum (what this file did before) adds the blocks in whatever order they finish.
 #include <cmath>
+#include <vector>
 
 #include "dscore_cuda_types.cuh"
 #include "dscore_fused_optim.h"
@@ -23,8 +28,9 @@ __device__ __forceinline__ float lamb_update(const LambScalars& s, float p, floa
 template <class T>
 struct LambMomentsOp {
     LambScalars s;
-    float* norms;
-    int n_total;
+    float* partials;        // [2][total_chunks]: ||p||^2 slots, then ||u||^2 slots
+    const int* chunk_base;  // [n_tensors + 1]: first slot of each tensor (prefix sum of its chunks)
+    int total_chunks;
 
     __device__ void operator()(const TensorListMeta<4>& meta, int t, int64_t begin, int64_t end) const {
         const T* p = static_cast<const T*>(meta.addr[0][t]);
@@ -59,11 +65,27 @@ struct LambMomentsOp {
                 a += red[0][w];
                 b += red[1][w];
             }
-            atomicAdd(norms + meta.global_index[t], a);
-            atomicAdd(norms + n_total + meta.global_index[t], b);
+            // this block's own slot: no other block writes it, so no atomics and no order to race on
+            const int slot = chunk_base[meta.global_index[t]] + static_cast<int>(begin / kChunk);
+            partials[slot] = a;
+            partials[total_chunks + slot] = b;
         }
     }
 };
+
+// norms[i] = sum of tensor i's partials in chunk order (norms[n + i] for the updates).
+__global__ void lamb_norms_kernel(const float* partials, const int* chunk_base, int n_tensors, int total_chunks,
+                                  float* norms) {
+    const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n_tensors) return;
+    float a = 0.0f, b = 0.0f;
+    for (int c = chunk_base[i]; c < chunk_base[i + 1]; ++c) {
+        a += partials[c];
+        b += partials[total_chunks + c];
+    }
+    norms[i] = a;
+    norms[n_tensors + i] = b;
+}
 
 template <class T>
 struct LambApplyOp {
@@ -90,19 +112,38 @@ struct LambApplyOp {
 
 }  // namespace
 
+static int64_t chunks_of(int64_t numel) { return (numel + kChunk - 1) / kChunk; }
+
+size_t fused_lamb_scratch_bytes(int n_tensors, const int64_t* numels) {
+    int64_t chunks = 0;
+    for (int i = 0; i < n_tensors; ++i) chunks += chunks_of(numels[i]);
+    return sizeof(float) * static_cast<size_t>(2 * n_tensors + 2 * chunks) + sizeof(int) * static_cast<size_t>(n_tensors + 1);
+}
+
 void fused_lamb_cuda(int n_tensors, void* const* params, void* const* grads, float* const* exp_avg,
-                     float* const* exp_avg_sq, const int64_t* numels, DType dtype, const LambArgs& a, float* norms,
+                     float* const* exp_avg_sq, const int64_t* numels, DType dtype, const LambArgs& a, void* scratch,
                      cudaStream_t stream) {
     const double bc1 = a.bias_correction ? 1.0 - std::pow(static_cast<double>(a.beta1), a.step) : 1.0;
     const double bc2 = a.bias_correction ? 1.0 - std::pow(static_cast<double>(a.beta2), a.step) : 1.0;
     const LambScalars s{a.beta1, a.beta2, static_cast<float>(1.0 / bc1), static_cast<float>(1.0 / bc2), a.eps,
                         a.weight_decay};
-    check_cuda(cudaMemsetAsync(norms, 0, sizeof(float) * 2 * static_cast<size_t>(n_tensors), stream),
-               "fused_lamb norms reset");
+    std::vector<int> base(static_cast<size_t>(n_tensors) + 1, 0);
+    for (int i = 0; i < n_tensors; ++i) base[i + 1] = base[i] + static_cast<int>(chunks_of(numels[i]));
+    const int total = base[n_tensors];
+    // scratch layout (fused_lamb_scratch_bytes): norms [2n] floats, partials [2 * total] floats, chunk_base [n + 1] ints
+    float* norms = static_cast<float*>(scratch);
+    float* partials = norms + 2 * n_tensors;
+    int* chunk_base = reinterpret_cast<int*>(partials + 2 * static_cast<int64_t>(total));
+    // from pageable memory: returns once `base` has been staged, so it may go out of scope afterwards
+    check_cuda(cudaMemcpyAsync(chunk_base, base.data(), sizeof(int) * base.size(), cudaMemcpyHostToDevice, stream),
+               "fused_lamb chunk offsets");
     void* const* lists[4] = {params, grads, reinterpret_cast<void* const*>(exp_avg),
                              reinterpret_cast<void* const*>(exp_avg_sq)};
     DSCORE_DISPATCH_DTYPE(dtype, {
-        multi_tensor_apply<4>(n_tensors, lists, numels, LambMomentsOp<scalar_t>{s, norms, n_tensors}, stream);
+        multi_tensor_apply<4>(n_tensors, lists, numels, LambMomentsOp<scalar_t>{s, partials, chunk_base, total},
+                              stream);
+        lamb_norms_kernel<<<(n_tensors + 255) / 256, 256, 0, stream>>>(partials, chunk_base, n_tensors, total, norms);
+        check_cuda(cudaGetLastError(), "fused_lamb norms launch");
         multi_tensor_apply<4>(n_tensors, lists, numels,
                               LambApplyOp<scalar_t>{s, norms, n_tensors, a.lr, a.max_coeff, a.min_coeff}, stream);
     });

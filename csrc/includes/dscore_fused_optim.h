@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace dscore {
@@ -31,10 +32,14 @@ struct LambArgs {
     bool bias_correction;
 };
 
-// norms: device scratch of 2 * n_tensors floats (overwritten): squared norms of params and updates.
+// Device scratch for fused_lamb_cuda, in bytes: per-tensor squared norms, one partial per (tensor, 64Ki
+// chunk) and the chunk offsets, so the norms are summed in a fixed order (deterministic, no atomics).
+size_t fused_lamb_scratch_bytes(int n_tensors, const int64_t* numels);
+
+// scratch: fused_lamb_scratch_bytes(n_tensors, numels) bytes of device memory (overwritten).
 void fused_lamb_cuda(int n_tensors, void* const* params, void* const* grads, float* const* exp_avg,
                      float* const* exp_avg_sq, const int64_t* numels, DType dtype, const LambArgs& args,
-                     float* norms, cudaStream_t stream);
+                     void* scratch, cudaStream_t stream);
 
 struct LionArgs {
     float lr, beta1, beta2, weight_decay;
