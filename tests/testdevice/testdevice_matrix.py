@@ -21,7 +21,8 @@ CLIP = 0.1
 LR = 0.02
 SGD_LR = 0.05
 
-PLATFORMS = {"testdev": ("testnccl", "testdev"), "cpu": ("gloo", "cpu")}
+#: platform -> (torch.distributed backend, dscore accelerator); "cuda" is used by tests/gpu/run.sh
+PLATFORMS = {"testdev": ("testnccl", "testdev"), "cpu": ("gloo", "cpu"), "cuda": ("nccl", "cuda")}
 
 
 def make_model() -> Any:
@@ -51,8 +52,8 @@ def engine_config(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
         },
         "steps_per_print": 10**9,
     }
-    if cell.get("clip", True):
-        cfg["gradient_clipping"] = CLIP
+    # DeepSpeed 0.19's default clips at 1.0: "no clipping" must be said with 0
+    cfg["gradient_clipping"] = CLIP if cell.get("clip", True) else 0.0
     if cell["precision"] == "bf16":
         cfg["bf16"] = {"enabled": True}
     elif cell["precision"] == "fp16":
@@ -374,6 +375,8 @@ def run_matrix(cells: list[dict[str, Any]], platforms: tuple[str, ...] = ("testd
             activate()
             register()
             torch.accelerator.set_device_index(int(os.environ.get("LOCAL_RANK", rank)))
+        elif platform == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         dist.init_process_group(backend, rank=rank, world_size=world)
         results = []
         for cell in cells:
