@@ -131,6 +131,27 @@ def _compare(name: str, make_ours: Callable, make_ref: Callable, dtype: torch.dt
     return ok
 
 
+def _lamb_deterministic(steps: int = 5) -> bool:
+    """FusedLamb twice from the same state: the per-tensor norms are summed in a fixed order (issue 28,
+    no float atomicAdd), so both runs must give the same bits."""
+    from dscore_plugins.ops.fused_optim import FusedLamb
+
+    runs = []
+    for _ in range(2):
+        params = _make(torch.float32, 0)
+        opt = FusedLamb(params, lr=1e-3, weight_decay=0.01)
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        for _ in range(steps):
+            for p, g in zip(params, _grads(params, gen)):
+                p.grad = g
+            opt.step()
+        torch.cuda.synchronize()
+        runs.append(params)
+    same = all(torch.equal(a, b) for a, b in zip(*runs))
+    print(f"{'PASS' if same else 'FAIL'} FusedLamb deterministic [float32] {steps} steps, two runs bit-identical: {same}")
+    return same
+
+
 def _bench() -> None:
     from dscore_plugins.ops.fused_optim import FusedAdam
 
@@ -193,6 +214,11 @@ def main() -> int:
         except Exception:  # report and continue with the other checks
             print(f"FAIL {name} [{dtype}]: exception\n{traceback.format_exc()}")
             results.append(False)
+    try:
+        results.append(_lamb_deterministic())
+    except Exception:  # report and continue
+        print(f"FAIL FusedLamb deterministic: exception\n{traceback.format_exc()}")
+        results.append(False)
     if args.bench:
         _bench()
     print(f"{'PASS' if all(results) else 'FAIL'} overall: {sum(results)}/{len(results)} checks passed")

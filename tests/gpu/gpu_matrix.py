@@ -102,9 +102,9 @@ def roofline() -> None:
 
 def matrix(platform: str = "cuda") -> None:
     import numpy as np
-
     import testdevice_matrix as tm
     import testdevice_reference as ref
+
     from dscore.testing import run_distributed
 
     with tempfile.TemporaryDirectory() as tmp:
