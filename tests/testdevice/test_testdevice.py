@@ -43,6 +43,13 @@ def test_registered_as_a_third_party_accelerator(semantics: dict[str, Any]) -> N
     assert "DS_ACCELERATOR" in semantics["accelerator_reason"]
 
 
+def test_moving_a_model_keeps_tied_parameters(semantics: dict[str, Any]) -> None:
+    """Found by the test device: torch's Module.to builds new Parameters on an out-of-tree device (tied
+    weights come apart); dscore's placement keeps every Parameter object."""
+    assert semantics["ties"] == {"torch_to": False, "to_module": True, "same_parameter": True,
+                                 "where": "testdev:0/torch.bfloat16"}, semantics["ties"]
+
+
 def test_host_tensor_is_pinned_in_one_allocation(semantics: dict[str, Any]) -> None:
     """Defect 7: host_tensor zero-filled a plain buffer and copied it into pinned memory (twice the peak)."""
     h = semantics["host_tensor"]
@@ -75,6 +82,7 @@ def test_no_host_sync_in_clipping_and_timers_synchronize_the_device() -> None:
     for out in res:
         assert out["backend"] == "testnccl"
         assert out["unscale_clip_scalar_reads"] == 0, out
+        assert out["scalar_reads_per_step"] == 0, "a clipped fp32 ZeRO-2 step needs no host sync"
         assert out["norm_device"].startswith("testdev") and out["host_norm_device"].startswith("testdev"), out
         # the engine's own step timer syncs twice; every sub-phase boundary read adds one
         assert out["step_subphases"] == ["step.allgather", "step.clip", "step.optimizer"], out

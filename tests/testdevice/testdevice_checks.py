@@ -90,6 +90,24 @@ def device_semantics() -> dict[str, Any]:
         copies.append(tensor.numel())
         return original(self, tensor)
 
+    # tied weights survive the move to the device (dscore.runtime.placement.to_module); torch's own
+    # Module.to builds new Parameters on an out-of-tree device and unties them
+    from dscore.runtime.placement import to_module
+
+    def tied() -> Any:
+        m = torch.nn.Module()
+        m.emb = torch.nn.Embedding(5, 3)
+        m.head = torch.nn.Linear(3, 5, bias=False)
+        m.head.weight = m.emb.weight
+        return m
+
+    plain, kept = tied(), tied()
+    first = kept.emb.weight
+    plain.to(d)
+    to_module(kept, device=d)
+    to_module(kept, dtype=torch.bfloat16)
+    out["ties"] = {"torch_to": plain.head.weight is plain.emb.weight, "to_module": kept.head.weight is kept.emb.weight,
+                   "same_parameter": kept.emb.weight is first, "where": f"{kept.emb.weight.device}/{kept.emb.weight.dtype}"}
     type(acc).pin_memory = spy  # type: ignore[method-assign]
     try:
         h = host_tensor(1000, torch.float32, True, acc)
@@ -212,6 +230,10 @@ def syncs_and_timers() -> dict[str, Any]:
         mod.synchronize = counting
         try:
             x = torch.randn(2, 6, device=engine.device)
+            reads = mod.host_scalar_reads()
+            engine.backward(engine(x).float().pow(2).mean())
+            engine.step()
+            out["scalar_reads_per_step"] = mod.host_scalar_reads() - reads
             engine.backward(engine(x).float().pow(2).mean())
             timers = active_timers()
             assert timers is not None
