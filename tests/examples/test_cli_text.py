@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -19,7 +21,9 @@ def _dscore(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[
 
 
 # ------------------------------------------------------------------------------------------ plugins
-def test_plugins_list_probe_says_which_accelerators_are_usable_here() -> None:
+def test_plugins_list_probe_says_which_accelerators_are_usable_here(monkeypatch: pytest.MonkeyPatch) -> None:
+    # wide enough that no cell wraps whatever third-party accelerators are installed (the test device is)
+    monkeypatch.setenv("COLUMNS", "240")
     from dscore.accelerator import probe_accelerator
     from dscore.plugin_manager import create_plugin_manager
     from dscore.registry import Registry

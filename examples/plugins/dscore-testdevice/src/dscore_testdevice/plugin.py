@@ -1,4 +1,4 @@
-"""Manifest of dscore-testdevice: the ``testdev`` accelerator and the ``testnccl`` comm backend.
+"""Manifest of the ``testdev`` accelerator (the ``testnccl`` comm backend has its own: :mod:`.comm_plugin`).
 
 Torch-free: only specs. The accelerator's priority is below the built-in ``cpu`` (0), so it is never
 picked automatically; ask for it with ``"accelerator": "testdev"`` or ``DS_ACCELERATOR=testdev``.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import shutil
 
 from dscore import hookimpl
-from dscore.specs import AcceleratorSpec, CommBackendSpec
+from dscore.specs import AcceleratorSpec
 
-__all__ = ["dscore_register_accelerators", "dscore_register_comm_backends", "probe"]
+__all__ = ["dscore_register_accelerators", "probe"]
 
 
 def probe() -> object:
@@ -24,7 +24,7 @@ def probe() -> object:
     if missing:
         return ProbeResult(False, f"testdev is compiled on first use and needs {', '.join(missing)}", 0)
     count = int(os.environ.get("DSCORE_TESTDEV_COUNT", "8"))
-    return ProbeResult(True, f"testdev: {count} emulated device(s) in host memory", count)
+    return ProbeResult(True, f"{count} emulated devices", count)
 
 
 def _venv_tool(tool: str) -> bool:
@@ -45,18 +45,5 @@ def dscore_register_accelerators() -> list[AcceleratorSpec]:
             accelerator="dscore_testdevice.accelerator:TestDeviceAccelerator",
             probe="dscore_testdevice.plugin:probe",
             priority=-10,
-        )
-    ]
-
-
-@hookimpl
-def dscore_register_comm_backends() -> list[CommBackendSpec]:
-    """Register ``testnccl`` (NCCL's rules on testdev tensors, over gloo)."""
-    return [
-        CommBackendSpec(
-            name="testnccl",
-            torch_backend="testnccl",
-            device_types=("testdev",),
-            description="NCCL's rules (device tensors only, no p2p tags, results at wait) over gloo, for testdev",
         )
     ]
