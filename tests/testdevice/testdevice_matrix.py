@@ -153,6 +153,8 @@ def run_checkpoint(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
                 engine.backward(loss)
                 engine.step()
             where = os.path.join(cell["dir"], accelerator)
+            if cell.get("layout"):  # "deepspeed": DeepSpeed 0.19.8's file layout (what compat/deepspeed writes)
+                engine.checkpoint_layout = cell["layout"]
             engine.save_checkpoint(where, tag="t2")
             state = engine.zero_stage_impl.module_state_dict()
             from dscore.checkpoint.export import get_fp32_state_dict_from_checkpoint
@@ -363,7 +365,13 @@ def run_matrix(cells: list[dict[str, Any]], platforms: tuple[str, ...] = ("testd
     import torch
     import torch.distributed as dist
 
+    import datetime
+
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # one rendezvous store for every platform's group: a second TCPStore on the same port could be reached
+    # by a fast rank while the slow one still serves the first
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0,
+                          timeout=datetime.timedelta(seconds=300))
     out: dict[str, list[Any]] = {}
     for platform in platforms:
         backend, accelerator = PLATFORMS[platform]
@@ -377,13 +385,14 @@ def run_matrix(cells: list[dict[str, Any]], platforms: tuple[str, ...] = ("testd
             torch.accelerator.set_device_index(int(os.environ.get("LOCAL_RANK", rank)))
         elif platform == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-        dist.init_process_group(backend, rank=rank, world_size=world)
+        dist.init_process_group(backend, store=dist.PrefixStore(platform, store), rank=rank, world_size=world)
         results = []
         for cell in cells:
             try:
                 results.append(KINDS[cell.get("kind", "train")](cell, accelerator))
             except Exception:  # noqa: BLE001 - reported per cell by the test
                 results.append("ERROR: " + traceback.format_exc(limit=12))
+        dist.barrier()
         dist.destroy_process_group()
         out[platform] = results
     os.environ.pop("DS_ACCELERATOR", None)
