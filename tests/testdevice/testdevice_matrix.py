@@ -362,10 +362,10 @@ def run_matrix(cells: list[dict[str, Any]], platforms: tuple[str, ...] = ("testd
     ``DS_ACCELERATOR`` is set to the platform's accelerator while its cells run, so helpers that build
     their own config (the pipeline's) select it too.
     """
+    import datetime
+
     import torch
     import torch.distributed as dist
-
-    import datetime
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # one rendezvous store for every platform's group: a second TCPStore on the same port could be reached
