@@ -217,20 +217,36 @@ class UlyssesSPAttentionHF(torch.nn.Module):
         model_name_or_path: Any,
         core_attn_implementation: str,
         sequence_parallel_size: int,
-        max_length: int,
         micro_batch_size: int,
+        seq_length: int | None = None,
         seq_length_is_variable: bool = True,
+        max_length: int | None = None,
     ) -> Any:
         """Register Ulysses attention with ``transformers`` as ``"ulysses"`` and return the mesh (``mpu``).
 
-        ``model_name_or_path`` is a model (its ``config`` is read) or a name/path for ``AutoConfig``. Set
-        ``attn_implementation="ulysses"`` on the model config and pass the returned mesh as
-        ``dscore.initialize(mpu=...)`` with ``sequence_parallel_size`` in ds_config.
+        DeepSpeed 0.19.8's signature (Accelerate calls it with these keywords). ``model_name_or_path`` is a
+        model (its ``config`` is read) or a name/path for ``AutoConfig``. ``seq_length`` is the global
+        sequence length, needed when ``seq_length_is_variable`` is False (every batch then must have it);
+        ``max_length`` is its deprecated spelling. Set ``attn_implementation="ulysses"`` on the model config
+        and pass the returned mesh as ``dscore.initialize(mpu=...)`` with ``sequence_parallel_size`` in
+        ds_config.
 
         Raises:
             DscoreError: transformers is not installed, or no process group exists.
-            ConfigError: ``core_attn_implementation`` is unknown; head counts not divisible by the degree.
+            ConfigError: ``core_attn_implementation`` is unknown; head counts not divisible by the degree;
+                ``seq_length`` missing with ``seq_length_is_variable=False``, or not divisible by the degree;
+                ``seq_length`` and ``max_length`` disagree.
         """
+        if max_length is not None:
+            log.warning("register_with_transformers: max_length is deprecated (as in DeepSpeed); pass seq_length")
+            if seq_length is not None and seq_length != max_length:
+                raise ConfigError(f"register_with_transformers: seq_length {seq_length} != max_length {max_length}")
+            seq_length = max_length
+        if seq_length is None and not seq_length_is_variable:
+            raise ConfigError(
+                "register_with_transformers: seq_length_is_variable=False needs seq_length (the fixed global length)",
+                path="sequence_parallel_size",
+            )
         try:
             import transformers
             from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -257,8 +273,8 @@ class UlyssesSPAttentionHF(torch.nn.Module):
         heads = int(cfg.num_attention_heads)
         wrapper = cls(
             attn=ALL_ATTENTION_FUNCTIONS[core_attn_implementation],
-            local_seq_length=max_length // int(sequence_parallel_size),
-            global_seq_length=max_length,
+            local_seq_length=(seq_length or 0) // int(sequence_parallel_size),
+            global_seq_length=seq_length or 0,
             batch_size=micro_batch_size,
             attn_head_count=heads,
             attn_head_size=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),

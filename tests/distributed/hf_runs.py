@@ -56,7 +56,7 @@ def two_ranks() -> dict[str, Any]:
     out["tp_sources"] = sorted({rule.source.split("'")[0] for rule in model._dscore_autotp["plan"].values()})
 
     model = _model()
-    mpu = UlyssesSPAttentionHF.register_with_transformers(model, "sdpa", 2, SEQ, MICRO)
+    mpu = UlyssesSPAttentionHF.register_with_transformers(model, "sdpa", 2, MICRO, seq_length=SEQ)
     model.set_attn_implementation("ulysses")
     engine, _, _, _ = dscore.initialize(model=model, config=_config(sequence_parallel_size=2), mpu=mpu)
     batch = next(

@@ -36,6 +36,7 @@ __all__ = [
     "initialize",
     "ops",
     "runtime",
+    "tp_model_init",
     "utils",
     "zero",
 ]
@@ -46,6 +47,7 @@ _LAZY: dict[str, str] = {
     "initialize": "deepspeed._initialize:initialize",
     "DeepSpeedEngine": "dscore.runtime.engine:DscoreEngine",
     "init_distributed": "deepspeed.comm:init_distributed",
+    "tp_model_init": "dscore.parallel:tp_model_init",
     "add_config_arguments": "dscore.config:add_config_arguments",
     "comm": "deepspeed.comm:",
     "zero": "deepspeed.zero:",

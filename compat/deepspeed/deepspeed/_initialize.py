@@ -63,19 +63,30 @@ def initialize(
     as ``dscore.initialize`` does. The engine saves checkpoints in DeepSpeed 0.19.8's layout
     (``engine.checkpoint_layout = "deepspeed"``, see :mod:`dscore.checkpoint.deepspeed.writer`).
 
+    Args:
+        mpu: passed to :func:`dscore.initialize`: the :class:`dscore.parallel.ParallelMesh` that
+            ``UlyssesSPAttentionHF.register_with_transformers`` returns (DeepSpeed returns its module of
+            sequence-parallel groups there; Accelerate passes it on unchanged). Its sizes must equal the
+            config's ``sequence_parallel_size`` / ``tensor_parallel.autotp_size``.
+        mesh_param: DeepSpeed's ``(data_parallel_size, sequence_parallel_size)``, the shape of the
+            data x sequence device mesh it builds (sequence ranks adjacent, the layout of dscore's mesh).
+            Routed to the config's ``sequence_parallel_size`` (set when absent; it must agree when present);
+            the data-parallel size dscore builds (``world / sp``) must equal ``data_parallel_size``.
+
     Raises:
-        dscore.runtime.initialize.InitializeError: ``mesh_param`` (a tensor/sequence-parallel device mesh) or ``mpu``
-            are given: dscore is data parallel only. Every error of :func:`dscore.initialize`.
+        dscore.runtime.initialize.InitializeError: ``mesh_param`` is not two positive integers.
+        dscore.errors.ConfigError: ``mesh_param`` disagrees with ``sequence_parallel_size`` or with the world
+            size, or comes with ``tensor_parallel.autotp_size`` > 1 (DeepSpeed's mesh has no tensor dimension);
+            an ``mpu`` that is not a ``ParallelMesh`` or whose sizes differ from the config's. Every error of
+            :func:`dscore.initialize`.
     """
     import dscore
-    from dscore.runtime.initialize import InitializeError
+    from dscore.errors import ConfigError
 
-    if mesh_param is not None:
-        raise InitializeError(
-            f"deepspeed.initialize(mesh_param={mesh_param!r}): tensor/sequence-parallel meshes are not supported "
-            "by dscore yet; only data parallelism is available"
-        )
     data = read_client_config(args, config, config_params)
+    mesh_dp = None
+    if mesh_param is not None:
+        mesh_dp, data = _route_mesh_param(mesh_param, data)
     plain_args = args
     if data is not None and args is not None:
         # the config was read here; dscore sees the rest of args (local_rank) without a second config source
@@ -95,8 +106,54 @@ def initialize(
         collate_fn=collate_fn,
         config=data,
     )
+    if mesh_dp is not None and result[0].runtime.mesh.dp_size != mesh_dp:
+        built = result[0].runtime.mesh
+        result[0].close()
+        raise ConfigError(
+            f"deepspeed.initialize(mesh_param={tuple(mesh_param)!r}): data_parallel_size {mesh_dp} but the "
+            f"{built.shape.world} launched ranks give {built.dp_size} data-parallel ranks at sequence_parallel_size "
+            f"{built.sp_size}; launch data_parallel_size x sequence_parallel_size processes",
+            path="sequence_parallel_size",
+        )
     if plain_args is not args and getattr(plain_args, "local_rank", None) is not None:
         args.local_rank = plain_args.local_rank
     # tools written for DeepSpeed (zero_to_fp32, Lightning's converter) read its files: save in its layout
     result[0].checkpoint_layout = "deepspeed"
     return result
+
+
+def _route_mesh_param(mesh_param: Any, data: Any) -> tuple[int, Any]:
+    """DeepSpeed's ``mesh_param=(data_parallel_size, sequence_parallel_size)`` as dscore config.
+
+    Returns ``(data_parallel_size, config)`` with ``sequence_parallel_size`` set in a copy of the config.
+    Raises as :func:`initialize` documents.
+    """
+    from dscore.errors import ConfigError
+    from dscore.parallel.mesh import raw_mesh_degrees
+    from dscore.runtime.initialize import InitializeError
+
+    shape = tuple(mesh_param) if isinstance(mesh_param, (tuple, list)) else None
+    if shape is None or len(shape) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                                    for n in shape):
+        raise InitializeError(
+            f"deepspeed.initialize(mesh_param={mesh_param!r}): expected DeepSpeed's (data_parallel_size, "
+            "sequence_parallel_size), two positive integers"
+        )
+    dp, sp = shape
+    if not isinstance(data, dict):
+        return dp, data  # no config: dscore.initialize raises its own error
+    tp, _ = raw_mesh_degrees(data)
+    if tp > 1:
+        raise ConfigError(
+            f"deepspeed.initialize(mesh_param={shape!r}) with tensor_parallel.autotp_size {tp}: DeepSpeed's "
+            "mesh_param has only data and sequence dimensions; leave mesh_param out and dscore builds the "
+            "data x sequence x tensor mesh from the config",
+            path="tensor_parallel.autotp_size",
+        )
+    if "sequence_parallel_size" in data and data["sequence_parallel_size"] != sp:
+        raise ConfigError(
+            f"deepspeed.initialize(mesh_param={shape!r}) says sequence_parallel_size {sp} but the config says "
+            f"{data['sequence_parallel_size']!r}; make them agree",
+            path="sequence_parallel_size",
+        )
+    return dp, {**data, "sequence_parallel_size": sp}

@@ -1,11 +1,11 @@
-"""``deepspeed.runtime``: the engine, base optimizer and LR-schedule names, mapped onto dscore."""
+"""``deepspeed.runtime``: the engine, base optimizer, LR-schedule and sequence-parallel names, mapped onto dscore."""
 
 from __future__ import annotations
 
 from importlib import import_module
 from typing import Any
 
-__all__ = ["base_optimizer", "engine", "lr_schedules", "zero"]
+__all__ = ["base_optimizer", "engine", "lr_schedules", "sequence_parallel", "zero"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,8 +1,9 @@
-"""``deepspeed.utils``: ``logger`` and the ZeRO-3 leaf-module helpers (``set_z3_leaf_modules``, ...).
+"""``deepspeed.utils``: ``logger``, the ZeRO-3 leaf-module helpers (``set_z3_leaf_modules``, ...) and ``groups``.
 
 ``logger`` is dscore's logger (``logging.getLogger("dscore")``): integrations set its level (Trainer does
 ``deepspeed.utils.logger.setLevel(...)``) and that governs dscore's messages. The leaf-module helpers are
-dscore's (``dscore.zero``), imported when first used.
+dscore's (``dscore.zero``), imported when first used; ``groups`` maps DeepSpeed's group accessors onto
+:mod:`dscore.parallel.groups`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from deepspeed.utils.logging import log_dist, logger
 
 __all__ = [
     "get_z3_leaf_modules",
+    "groups",
     "log_dist",
     "logger",
     "set_z3_leaf_modules",
@@ -36,7 +38,7 @@ def __getattr__(name: str) -> Any:
                 f"(dscore.zero.{name} is missing); upgrade dscore"
             )
         return value
-    if name in ("zero_to_fp32", "logging"):
+    if name in ("zero_to_fp32", "logging", "groups"):
         from importlib import import_module
 
         return import_module(f"deepspeed.utils.{name}")
