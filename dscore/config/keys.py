@@ -157,7 +157,6 @@ GATED_KEYS: dict[str, KeyPolicy] = {
     "graph_harvesting": KeyPolicy("graph harvesting", True, _enabled_effect),
     # DeepSpeed features dscore does not implement (yet)
     "hybrid_engine": KeyPolicy("the hybrid (RLHF) engine", False, _enabled_effect),
-    "flops_profiler": KeyPolicy("the flops profiler", False, _enabled_effect),
     "autotuning": KeyPolicy("autotuning", False, _enabled_effect),
     "compile": KeyPolicy("DeepCompile", False, _keyed_truthy("deepcompile")),
     "expert_parallel": KeyPolicy("expert parallelism", False, _greater_than_one("ep_size", "expert_parallel_size")),
@@ -196,6 +195,7 @@ PLUGIN_SECTION_KEYS: dict[str, KeyPolicy] = {
     "wandb": KeyPolicy("the Weights & Biases monitor", False, _enabled_effect),
     "comet": KeyPolicy("the Comet monitor", False, _enabled_effect),
     "comms_logger": KeyPolicy("the communication logger", False, _enabled_effect),
+    "flops_profiler": KeyPolicy("the flops profiler", False, _enabled_effect),
 }
 
 #: Sections that configure a monitor: enabling one needs a registered MonitorSpec with that config_key.

@@ -184,7 +184,10 @@ class DscoreEngine(torch.nn.Module):
         self._steps_per_print = config.steps_per_print or 0
         fp16 = config.section("fp16", None)
         self._auto_cast_dtype = precision.compute_dtype if getattr(fp16, "auto_cast", False) else None
-        self._timers = PhaseTimers(self._synchronize) if config.wall_clock_breakdown else None
+        # DeepSpeed forces wall_clock_breakdown on with the flops profiler (its report reads these timers)
+        profiler = config.section("flops_profiler", None)
+        self._wall_clock = bool(config.wall_clock_breakdown) or (profiler is not None and bool(profiler.enabled))
+        self._timers = PhaseTimers(self._synchronize) if self._wall_clock else None
         if self._timers is not None:
             self._timers.activate()  # ZeRO stages add their sub-phases (dscore.runtime.timers.active_timers)
         # Losses are accumulated (as tensors, no device sync) only when someone reads them.
@@ -284,8 +287,15 @@ class DscoreEngine(torch.nn.Module):
         return int(value) if value else None
 
     def wall_clock_breakdown(self) -> bool:
-        """``wall_clock_breakdown``: forward/backward/step timings are logged."""
-        return bool(self.config.wall_clock_breakdown)
+        """``wall_clock_breakdown`` (forced on by ``flops_profiler.enabled``): forward/backward/step
+        timings are logged."""
+        return self._wall_clock
+
+    @property
+    def phase_timers(self) -> PhaseTimers | None:
+        """The forward/backward/step timers (:class:`dscore.runtime.timers.PhaseTimers`) when
+        :meth:`wall_clock_breakdown` is on, else None."""
+        return self._timers
 
     def memory_breakdown(self) -> bool:
         """``memory_breakdown`` (accepted; dscore logs no memory breakdown)."""

@@ -55,6 +55,7 @@ class PhaseTimers:
         self._start: dict[str, float] = {}
         self._total: dict[str, float] = {}
         self._count: dict[str, int] = {}
+        self._lifetime: dict[str, float] = {}
 
     def activate(self) -> PhaseTimers:
         """Make these the process's :func:`active_timers` (so ZeRO stages record sub-phases); returns self."""
@@ -92,10 +93,16 @@ class PhaseTimers:
         """Add ``seconds`` to timer ``name`` as one call (for spans measured by the caller)."""
         self._total[name] = self._total.get(name, 0.0) + seconds
         self._count[name] = self._count.get(name, 0) + 1
+        self._lifetime[name] = self._lifetime.get(name, 0.0) + seconds
 
     def totals(self) -> dict[str, tuple[float, int]]:
         """``{name: (total seconds, calls)}`` since the last reset (no reset)."""
         return {k: (v, self._count[k]) for k, v in self._total.items()}
+
+    def lifetime_totals(self) -> dict[str, float]:
+        """``{name: total seconds}`` since the timers were created (never reset; for readers that take
+        differences over a span, such as the flops profiler)."""
+        return dict(self._lifetime)
 
     def reset(self) -> None:
         """Forget every total and count (running timers keep running)."""

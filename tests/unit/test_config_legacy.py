@@ -82,7 +82,6 @@ def test_bfloat16_alias() -> None:
         ("sparse_gradients", False, True),
         ("graph_harvesting", False, True),
         ("hybrid_engine", {"enabled": False, "max_out_tokens": 512}, {"enabled": True}),
-        ("flops_profiler", {"enabled": False, "profile_step": 1}, {"enabled": True}),
         ("autotuning", {"enabled": False}, {"enabled": True}),
         ("compile", {"deepcompile": False}, {"deepcompile": True}),
         ("expert_parallel", {"enabled": False}, {"enabled": True}),
