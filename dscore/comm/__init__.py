@@ -31,12 +31,14 @@ __all__ = [
     "all_reduce",
     "barrier",
     "broadcast",
+    "configure",
     "discover_env",
     "get_local_rank",
     "get_rank",
     "get_world_size",
     "init_distributed",
     "is_initialized",
+    "log_summary",
     "new_group",
     "reduce_op",
     "reduce_scatter",
@@ -51,6 +53,8 @@ _LAZY: dict[str, str] = {
     "RankFailure": "dscore.comm.facade",
     "Work": "dscore.comm.facade",
     "init_distributed": "dscore.comm.init",
+    "configure": "dscore.comm.comms_logger",
+    "log_summary": "dscore.comm.comms_logger",
     **{
         name: "dscore.comm.api"
         for name in (
@@ -77,6 +81,7 @@ if TYPE_CHECKING:  # pragma: no cover
         reduce_scatter,
         reduce_scatter_tensor,
     )
+    from dscore.comm.comms_logger import configure, log_summary
     from dscore.comm.facade import EMULABLE_OPS, Comm, RankFailure, Work, reduce_op
     from dscore.comm.init import init_distributed
 

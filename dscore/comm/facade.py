@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from dscore.comm.comms_logger import instrument
 from dscore.comm.transports import Transport, pick
 from dscore.comm.work import DONE, Work
 from dscore.errors import DistributedError, DscoreError
@@ -658,3 +659,7 @@ class Comm:
         from dscore.comm.init import PROCESS_GROUP_OWNER
 
         return PROCESS_GROUP_OWNER.destroy("Comm.destroy() was called")
+
+
+# the comms_logger records every collective at its entry (dscore.comm.comms_logger)
+instrument(Comm)

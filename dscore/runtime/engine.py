@@ -488,6 +488,14 @@ class DscoreEngine(torch.nn.Module):
         gathered parameters: nothing to release."""
         self.zero_stage_impl.empty_partition_cache()
 
+    @runtime_scoped
+    def print_comms_summary(self, show_straggler: bool = False, return_dict: bool = False) -> dict[str, Any] | None:
+        """The ``comms_logger`` table (:func:`dscore.comm.log_summary`): collective; every rank calls it,
+        rank 0 prints. Returns the statistics dict when ``return_dict``."""
+        from dscore.comm.comms_logger import log_summary
+
+        return log_summary(show_straggler=show_straggler, return_dict=return_dict)
+
     def _synchronize(self) -> None:
         self.runtime.accelerator.synchronize()
 

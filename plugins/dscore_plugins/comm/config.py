@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from dscore.comm.comms_logger import LOGGED_OPS
 from dscore.config.base import SectionModel
 
 __all__ = ["CommsLoggerConfig"]
 
 
 class CommsLoggerConfig(SectionModel):
-    """``comms_logger``: record the size and latency of collectives."""
+    """``comms_logger``: record the count, size, latency and bandwidth of collectives
+    (:mod:`dscore.comm.comms_logger`); ``engine.print_comms_summary()`` / ``dscore.comm.log_summary()``
+    print the table."""
 
     enabled: bool = False
     """Record collectives."""
@@ -22,3 +25,11 @@ class CommsLoggerConfig(SectionModel):
     """Log every recorded collective as it happens."""
     debug: bool = False
     """Include the calling function in records."""
+
+    @field_validator("prof_ops")
+    @classmethod
+    def _known_ops(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - LOGGED_OPS)
+        if unknown:
+            raise ValueError(f"unknown collective(s) {unknown}; recorded collectives: {sorted(LOGGED_OPS)}")
+        return value

@@ -8,10 +8,12 @@ first. ``dscore.init_distributed`` checks the selected backend against the accel
 
 from __future__ import annotations
 
+from typing import Any
+
 from dscore import hookimpl
 from dscore.specs import CommBackendSpec, ConfigSectionSpec
 
-__all__ = ["dscore_register_comm_backends", "dscore_register_config_sections"]
+__all__ = ["dscore_engine_created", "dscore_register_comm_backends", "dscore_register_config_sections"]
 
 
 @hookimpl
@@ -69,3 +71,18 @@ def dscore_register_config_sections() -> list[ConfigSectionSpec]:
             description="collective size/latency logging",
         )
     ]
+
+
+@hookimpl
+def dscore_engine_created(engine: Any) -> None:
+    """Configure the process's comms logger from an enabled ``comms_logger`` block (DeepSpeed configures
+    ``deepspeed.comm`` from the engine's config the same way); a disabled block leaves it as it is."""
+    section = engine.config.section("comms_logger", None)
+    if section is None or not section.enabled:
+        return
+    from dscore.comm.comms_logger import configure
+
+    configure(
+        enabled=True, prof_all=section.prof_all, prof_ops=section.prof_ops, verbose=section.verbose,
+        debug=section.debug,
+    )  # fmt: skip
