@@ -214,7 +214,41 @@ class ZeroStage(abc.ABC):
         """
         return None
 
+    def offload_state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """The tensors holding each kind of training state, for ``engine.offload_states`` /
+        ``reload_states`` (DeepSpeed's ``OffloadStateTypeEnum`` names as keys).
+
+        The engine moves whole storages (every view of a listed tensor follows, so flat buffers and the
+        parameters viewing them move together and come back bit for bit) and skips tensors already off
+        the device. Default, found from what any stage exposes: ``lp_params`` the module's parameters,
+        ``hp_params`` the optimizer's parameters (the fp32 masters), ``lp_grads`` the ``.grad`` of both,
+        ``optim_states`` every tensor in ``optimizer.state``. Override to add buffers only the stage holds
+        (``contiguous_grad_buffer``: gradient staging buffers; partitions not viewed by a parameter).
+        """
+        module = self.ctx.module
+        lp: list[torch.Tensor] = list(module.parameters())
+        out: dict[str, list[torch.Tensor]] = {
+            "lp_params": lp,
+            "lp_grads": [p.grad for p in lp if p.grad is not None],
+            "hp_params": [],
+            "optim_states": [],
+            "contiguous_grad_buffer": [],
+        }
+        opt = self.optimizer
+        if opt is not None:
+            masters = [p for g in opt.param_groups for p in g["params"]]
+            out["hp_params"] = masters
+            out["lp_grads"] += [p.grad for p in masters if p.grad is not None]
+            out["optim_states"] = [v for st in opt.state.values() for v in st.values() if _is_tensor(v)]
+        return out
+
     def close(self) -> None:
         """Release what the stage created outside its tensors (NVMe swap files, I/O threads); run by
         ``engine.close()``, idempotent. Default: the stage holds nothing of the kind."""
         return None
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)

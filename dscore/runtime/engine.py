@@ -180,6 +180,7 @@ class DscoreEngine(torch.nn.Module):
         self.checkpoint_layout = "dscore"
         self._backwards_in_micro_step = 0  # backward() calls since the last step() call (issue 33 item 1)
         self._warned_unmanaged_window = False
+        self._states_offloaded = False  # offload_states() moved training state off the device
 
         self._steps_per_print = config.steps_per_print or 0
         fp16 = config.section("fp16", None)
@@ -488,6 +489,31 @@ class DscoreEngine(torch.nn.Module):
         gathered parameters: nothing to release."""
         self.zero_stage_impl.empty_partition_cache()
 
+    def offload_states(
+        self, include: Any = None, device: Any = "cpu", pin_memory: bool = True, non_blocking: bool = False
+    ) -> None:
+        """Move training state to host memory (DeepSpeed 0.19.8's API; :mod:`dscore.runtime.offload_states`).
+
+        Args:
+            include: kinds to move (``"optim_states"``, ``"hp_params"``, ``"lp_params"``, ``"lp_grads"``,
+                ``"contiguous_grad_buffer"`` or enum members with those values); None: all.
+            device: ``"cpu"`` (``"none"``: warn and do nothing).
+            pin_memory: page-lock the host copies (where the accelerator can).
+            non_blocking: queue the copies asynchronously.
+
+        Raises:
+            EngineError: no optimizer, ``offload_param`` on, another device, or an unknown kind.
+        """
+        from dscore.runtime.offload_states import offload_engine_states
+
+        offload_engine_states(self, include, device, pin_memory=pin_memory, non_blocking=non_blocking)
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Bring back what :meth:`offload_states` moved; training continues bit for bit."""
+        from dscore.runtime.offload_states import reload_engine_states
+
+        reload_engine_states(self, non_blocking=non_blocking)
+
     @runtime_scoped
     def print_comms_summary(self, show_straggler: bool = False, return_dict: bool = False) -> dict[str, Any] | None:
         """The ``comms_logger`` table (:func:`dscore.comm.log_summary`): collective; every rank calls it,
@@ -503,6 +529,8 @@ class DscoreEngine(torch.nn.Module):
     @runtime_scoped
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Call the module. With ``fp16.auto_cast`` floating-point tensor inputs are cast to fp16 first."""
+        if self._states_offloaded:
+            raise EngineError("the training states are offloaded (engine.offload_states()); call reload_states() first")
         if self._auto_cast_dtype is not None:
             args, kwargs = _cast_inputs(args, kwargs, self._auto_cast_dtype)
         if self._timers is None:
@@ -631,6 +659,8 @@ class DscoreEngine(torch.nn.Module):
         """
         if self._in_no_sync:
             raise EngineError("engine.step() is not allowed inside no_sync(); leave the context first")
+        if self._states_offloaded:
+            raise EngineError("the training states are offloaded (engine.offload_states()); call reload_states() first")
         if self.zero_stage_impl.optimizer is None:
             raise EngineError("engine.step() needs an optimizer: pass optimizer= or set optimizer.type in ds_config")
         self._step_applied = False

@@ -281,6 +281,14 @@ class GradientReducer:
             b.launched = False
             b.ready = 0
 
+    def buffers(self) -> list[torch.Tensor]:
+        """Every gradient buffer the reducer holds: pooled and current staging buffers and the buckets'
+        own gradient buffers (what ``engine.offload_states`` calls ``contiguous_grad_buffer``)."""
+        out = [buf for pool in self._pool.values() for buf in pool]
+        out += [b.staging for b in self.buckets if b.staging is not None]
+        out += [b.grad for b in self.buckets if b.grad is not None]
+        return out
+
     # ------------------------------------------------------------------ launch / finish
     def launch(self, b: ReduceBucket) -> None:
         """Start ``b``'s collective now (asynchronously); no-op when already launched this window."""

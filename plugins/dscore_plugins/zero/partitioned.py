@@ -267,6 +267,16 @@ class PartitionedOptimizerStage(ZeroStage):
     def optimizer(self) -> torch.optim.Optimizer | None:
         return self._optimizer
 
+    def offload_state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """The default kinds plus the flat parameter / gradient buffers, the fp32 masters and gradient
+        partitions, and the reducer's staging buffers (``contiguous_grad_buffer``)."""
+        out = super().offload_state_tensors()
+        out["lp_params"] += [t for t in self.flat_data if t is not None]
+        out["hp_params"] += list(self._separate_masters)
+        out["lp_grads"] += [t for t in self.flat_grad if t is not None] + list(self.master_grads)
+        out["contiguous_grad_buffer"] += self.reducer.buffers()
+        return out
+
     def _zero_grad_from_optimizer(self, set_to_none: bool = True) -> None:
         self._zero_buffers()  # keeps the .grad views: a direct loss.backward() may follow (engine.zero_grad() frees them)
 

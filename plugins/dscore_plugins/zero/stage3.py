@@ -562,6 +562,16 @@ class Stage3(ZeroStage):
     def optimizer(self) -> torch.optim.Optimizer | None:
         return self._optimizer
 
+    def offload_state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """The default kinds plus this rank's compute-dtype partitions (``lp_params``) and the reducer's
+        staging buffers (``contiguous_grad_buffer``); released gather buffers are freed first (their
+        memory is a cache, as :meth:`empty_partition_cache`)."""
+        self.empty_partition_cache()
+        out = super().offload_state_tensors()
+        out["lp_params"] += list(self.parts.values()) + [s.unit.partition for s in self.units]
+        out["contiguous_grad_buffer"] += self.reducer.buffers()
+        return out
+
     @property
     def public_optimizer(self) -> Any:
         """The optimizer, or a :class:`Stage3ParameterManager` when there is none."""
