@@ -12,7 +12,7 @@ collective of :class:`dscore.comm.Comm` (the facade installs :func:`instrument` 
   ``input_list``; 0 for ``barrier``);
 * bandwidth (nccl-tests' definitions, as DeepSpeed): with ``n`` the size of the group the collective ran
   on, ``all_reduce``: algbw = 2·size/t, busbw = size/t · 2(n-1)/n; ``all_gather*``: size·n/t and
-  size·n/t · (n-1)/n; ``reduce_scatter*``: size/t and size/t · (n-1)/n (size is the whole input; DeepSpeed
+  size·n/t · (n-1)/n; ``reduce_scatter*`` and ``all_to_all_single``: size/t and size/t · (n-1)/n (size is the whole input; DeepSpeed
   multiplies it by n once more, over-stating reduce-scatter bandwidth n times, and uses the global world
   size for sub-group collectives: dscore does neither); ``broadcast``, ``send``/``recv``/``isend``/
   ``irecv``, ``barrier``: size/t for both. Bytes/ms · 8 / 1e6 = Gbps;
@@ -62,6 +62,7 @@ LOGGED_OPS: frozenset[str] = frozenset(
         "all_gather_into_tensor",
         "all_gather",
         "broadcast",
+        "all_to_all_single",
         "send",
         "recv",
         "isend",
@@ -72,6 +73,7 @@ LOGGED_OPS: frozenset[str] = frozenset(
 
 _GATHER = {"all_gather", "all_gather_into_tensor"}
 _SCATTER = {"reduce_scatter", "reduce_scatter_tensor"}
+_ALL_TO_ALL = {"all_to_all_single"}
 _POINT = {"broadcast", "send", "recv", "isend", "irecv", "barrier"}
 _NO_WAIT = {"isend", "irecv"}
 
@@ -103,7 +105,7 @@ def calc_bw_log(op: str, size: int, duration_ms: float, world: int) -> tuple[flo
     elif op in _GATHER:
         algbw = rate * n
         busbw = algbw * (n - 1) / n
-    elif op in _SCATTER:
+    elif op in _SCATTER or op in _ALL_TO_ALL:
         algbw, busbw = rate, rate * (n - 1) / n
     else:
         algbw = busbw = rate
@@ -374,6 +376,7 @@ _MESSAGE_ARG = {
     "all_gather_into_tensor": "input",
     "all_gather": "tensor",
     "broadcast": "tensor",
+    "all_to_all_single": "tensor",
     "send": "tensor",
     "recv": "tensor",
     "isend": "tensor",

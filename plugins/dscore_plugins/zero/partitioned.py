@@ -64,7 +64,7 @@ from dscore.zero.reducer import GradientReducer, ReduceBucket
 from dscore_plugins.zero.config import ZeroConfig
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
 from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
-from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin
+from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin, refuse_expert_parameters
 from dscore_plugins.zero.step import step_partitions
 
 __all__ = ["PartitionedOptimizerStage"]
@@ -129,6 +129,7 @@ class PartitionedOptimizerStage(ZeroStage):
         self.check_overflow = bool(ctx.precision.check_overflow)
 
         self.group_params = unique_trainable(ctx.param_groups)
+        refuse_expert_parameters(self.group_params, self.stage)
         names = {id(p): n for n, p in ctx.module.named_parameters()}
         self.buckets: list[PartitionBucket] = []
         self.flat_data: list[torch.Tensor | None] = []

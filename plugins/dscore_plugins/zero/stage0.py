@@ -45,6 +45,8 @@ from typing import Any
 import torch
 
 from dscore.errors import ConfigError
+from dscore.moe.groups import expert_groups
+from dscore.moe.utils import is_moe_param
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.optimizer import optimizer_state_bytes, unique_trainable
@@ -149,22 +151,32 @@ class Stage0(ZeroStage):
         self.master_weights = ctx.precision.compute_dtype in (torch.float16, torch.bfloat16)
 
         params = [p for ps in unique_trainable(ctx.param_groups, keep_frozen=True) for p in ps]
-        by_key: dict[tuple[torch.device, torch.dtype], list[torch.nn.Parameter]] = {}
+        # expert parameters (dscore.moe) get flat buffers of their own, reduced over their expert-data-parallel group
+        by_key: dict[tuple[torch.device, torch.dtype, str], list[torch.nn.Parameter]] = {}
         for p in params:
-            by_key.setdefault((p.device, p.dtype), []).append(p)
+            by_key.setdefault((p.device, p.dtype, p.group_name if is_moe_param(p) else ""), []).append(p)
         self.groups = [_FlatGroup(ps, master_weights=self.master_weights) for ps in by_key.values()]
+        expert_names = [key[2] for key in by_key]
         self._reduced = False
         self._overlapped = False
         self.overlap = bool(ctx.section.overlap_comm)
-        self.reducer = GradientReducer(
-            ctx.comm,
-            self._build_buckets(),
-            reduce_scatter=False,
-            ordered=True,
-            max_inflight=0,
-            max_message=self.bucket_numel,
+
+        def reducer(comm: Any, groups: list[_FlatGroup]) -> GradientReducer:
+            return GradientReducer(comm, self._build_buckets(groups), reduce_scatter=False, ordered=True,
+                                   max_inflight=0, max_message=self.bucket_numel)  # fmt: skip
+
+        self.reducer = reducer(ctx.comm, [g for g, n in zip(self.groups, expert_names) if not n])
+        # per expert group name: (reducer over the EDP group, the EP group's comm, its flat groups); the
+        # divisor stays the full data-parallel world size, as DeepSpeed's _reduce_expert_gradients
+        self._experts: list[tuple[GradientReducer, Any, list[_FlatGroup]]] = []
+        for name in sorted({n for n in expert_names if n}):
+            eg = expert_groups(ctx.comm, int(name.rsplit("_", 1)[1]))
+            groups = [g for g, n in zip(self.groups, expert_names) if n == name]
+            self._experts.append((reducer(eg.edp_comm, groups), eg.ep_comm, groups))
+        self._reducers = [self.reducer] + [r for r, _, _ in self._experts]
+        self._hooks = (
+            [h for r in self._reducers for h in r.register_hooks()] if self.overlap and self.world_size > 1 else []
         )
-        self._hooks = self.reducer.register_hooks() if self.overlap and self.world_size > 1 else []
 
         # Map module parameter -> the tensor the optimizer updates.
         target: dict[int, torch.Tensor] = {}
@@ -182,13 +194,13 @@ class Stage0(ZeroStage):
         )
 
     # ------------------------------------------------------------------ construction helpers
-    def _build_buckets(self) -> list[ReduceBucket]:
+    def _build_buckets(self, groups: list[_FlatGroup]) -> list[ReduceBucket]:
         """Cut each flat gradient buffer into reduce buckets of about ``bucket_numel`` elements along
         parameter boundaries, walking the parameters in reverse (the order backward produces them), so
         the last bucket of the buffer fills first. Each bucket owns its slice of the buffer (the
         ``.grad`` views), so reducing it copies nothing; the reducer launches them in list order."""
         buckets: list[ReduceBucket] = []
-        for g in self.groups:
+        for g in groups:
             offsets = []
             off = 0
             for p in g.params:
@@ -265,12 +277,14 @@ class Stage0(ZeroStage):
             self._attach_grads()  # after zero_grad() (which leaves .grad None), before autograd writes them
         launch = bool(self._hooks) and boundary and sync and not self._local_gradients()
         if launch:
-            self.reducer.begin(launch=True, prescale=self._divisors()[0], timed=active_timers() is not None)
+            for r in self._reducers:
+                r.begin(launch=True, prescale=self._divisors()[0], timed=active_timers() is not None)
             self._overlapped = True
         try:
             loss.backward(retain_graph=retain_graph)
         finally:
-            self.reducer.end()
+            for r in self._reducers:
+                r.end()
         if boundary and sync:
             self._reduce()
 
@@ -298,14 +312,16 @@ class Stage0(ZeroStage):
         timers = active_timers()
         pre, post = self._divisors()
         if not overlapped:
-            self.reducer.begin(launch=False, prescale=pre, timed=timers is not None)
+            for r in self._reducers:
+                r.begin(launch=False, prescale=pre, timed=timers is not None)
         t0 = clock(timers)
-        self.reducer.flush()  # launches what backward did not (all of it without overlap), then waits
+        for r in self._reducers:
+            r.flush()  # launches what backward did not (all of it without overlap), then waits
         t1 = clock(timers)
         if post != 1.0:
             torch._foreach_div_([g.grad for g in self.groups], post)
         if timers is not None:
-            timers.add("backward.reduce_launch", self.reducer.launch_seconds)
+            timers.add("backward.reduce_launch", sum(r.launch_seconds for r in self._reducers))
             timers.add("backward.reduce_wait", t1 - t0)
 
     def step(self) -> StepOutcome:
@@ -325,7 +341,10 @@ class Stage0(ZeroStage):
         norm: torch.Tensor | None = None
         if need_norm and flats:
             norms = [torch.linalg.vector_norm(f, dtype=torch.float32) for f in flats]
-            norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+            if self._experts:
+                norm = self._norm_with_experts(norms)
+            else:
+                norm = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
         overflow = False
         if self.check_overflow and norm is not None:
             if self.world_size > 1 and self._local_gradients():
@@ -362,6 +381,24 @@ class Stage0(ZeroStage):
             timers.add("step.clip", t0 - t_clip)
             timers.add("step.optimizer", clock(timers) - t0)
         return StepOutcome(applied=True, overflow=False, global_grad_norm=norm)
+
+    def _norm_with_experts(self, norms: list[torch.Tensor]) -> torch.Tensor:
+        """Global L2 norm when expert gradients differ across the expert-parallel group: the squared norms
+        of each expert group's buffers are summed over its EP group (every expert counted once)."""
+        expert_ids = {id(g): k for k, (_, _, groups) in enumerate(self._experts) for g in groups}
+        shared = torch.zeros((), dtype=torch.float32, device=norms[0].device)
+        per_expert = [torch.zeros(1, dtype=torch.float32, device=norms[0].device) for _ in self._experts]
+        for g, n in zip(self.groups, norms):
+            k = expert_ids.get(id(g))
+            if k is None:
+                shared = shared + n.float() ** 2
+            else:
+                per_expert[k] += n.float() ** 2
+        total = shared
+        for (_, ep_comm, _), sq in zip(self._experts, per_expert):
+            ep_comm.all_reduce(sq, op="sum")
+            total = total + sq[0]
+        return torch.sqrt(total)
 
     def zero_grad(self) -> None:
         """Drop the gradients: ``.grad`` of every module parameter is None afterwards (DeepSpeed's

@@ -69,7 +69,7 @@ from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
 from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
 from dscore_plugins.zero.nvme_optimizer import write_master as nvme_write_master
 from dscore_plugins.zero.nvme_params import attach as nvme_attach_params
-from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin
+from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin, refuse_expert_parameters
 from dscore_plugins.zero.step import step_partitions
 
 __all__ = ["Stage3", "Stage3ParameterManager"]
@@ -244,6 +244,7 @@ class Stage3(ZeroStage):
 
         module = ctx.module
         self.group_params = unique_trainable(ctx.param_groups)
+        refuse_expert_parameters(self.group_params, self.stage)
         key_of = {id(p): gi for gi, ps in enumerate(self.group_params) for p in ps}
         self.names = {id(p): n for n, p in module.named_parameters()}
         self.units: list[_UnitState] = []
