@@ -90,8 +90,7 @@ def _run_stage(stage: int, bf16: bool) -> dict:
 
 def _all_stages() -> dict:
     return {
-        f"{stage}/{bf16}": _run_stage(stage, bf16)
-        for stage, bf16 in ((0, False), (1, True), (2, False), (3, False), (3, True))
+        f"{stage}/{bf16}": _run_stage(stage, bf16) for stage, bf16 in ((0, False), (1, True), (2, False), (3, True))
     }
 
 

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from dscore.errors import ConfigError
+from dscore.moe.checkpoint import ExpertNaming
 from dscore.moe.groups import expert_groups
 from dscore.moe.utils import is_moe_param
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
@@ -433,7 +434,20 @@ class Stage0(ZeroStage):
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer state keyed by parameter name (see :meth:`ZeroStage.state_dict`)."""
+        """Optimizer state keyed by parameter name (see :meth:`ZeroStage.state_dict`); MoE experts under
+        their global names, gathered over the expert-parallel group (:mod:`dscore.moe.checkpoint`)."""
+        out = self._local_state_dict()
+        naming = ExpertNaming(self.ctx.module)
+        if naming:
+            out["param_names"] = naming.globalize_names(out["param_names"])
+            out["state"] = naming.globalize(out["state"])
+            for group in out["param_groups"]:
+                group["param_names"] = naming.globalize_names(group["param_names"])
+            if "fp32_params" in out:
+                out["fp32_params"] = naming.globalize(out["fp32_params"])
+        return out
+
+    def _local_state_dict(self) -> dict[str, Any]:
         names = self._opt_param_names()
         out: dict[str, Any] = {"param_names": [n for n, _ in self._named()], "state": {}, "param_groups": []}
         if self._optimizer is not None:
@@ -459,6 +473,12 @@ class Stage0(ZeroStage):
         Without ``load_optimizer_states`` only the fp32 master weights are refreshed from the module (so
         they match loaded 16-bit weights). Raises ``KeyError`` naming a parameter missing in ``state``.
         """
+        naming = ExpertNaming(self.ctx.module)
+        if naming:  # keep this rank's experts, under their local names
+            state = dict(state)
+            state["state"] = naming.localize(state.get("state", {}))
+            if state.get("fp32_params"):
+                state["fp32_params"] = naming.localize(state["fp32_params"])
         names = self._opt_param_names()
         by_name = {names[id(mp)]: mp for g in self.groups for mp in (g.master_params or g.params)}
         with torch.no_grad():
@@ -493,12 +513,17 @@ class Stage0(ZeroStage):
             }
 
     def module_state_dict(self) -> dict[str, torch.Tensor]:
-        """The module's own state dict (stage 0 holds full parameters on every rank)."""
-        return self.ctx.module.state_dict()
+        """The module's own state dict (stage 0 holds full parameters on every rank); MoE experts under
+        their global names, every rank's (collective over the expert-parallel group)."""
+        naming = ExpertNaming(self.ctx.module)
+        sd = self.ctx.module.state_dict()
+        return type(sd)(naming.globalize(dict(sd))) if naming else sd
 
     def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
-        """Load full weights into the module (in place, keeping the flat buffers) and refresh fp32 masters."""
-        self.ctx.module.load_state_dict(state, strict=strict)
+        """Load full weights into the module (in place, keeping the flat buffers) and refresh fp32 masters
+        (MoE experts: this rank's, found under their global names)."""
+        naming = ExpertNaming(self.ctx.module)
+        self.ctx.module.load_state_dict(naming.localize(dict(state)) if naming else state, strict=strict)
         if self.master_weights:
             with torch.no_grad():
                 for g in self.groups:
