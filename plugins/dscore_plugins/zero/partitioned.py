@@ -55,7 +55,9 @@ from typing import Any
 import torch
 
 from dscore.comm import Work
-from dscore.errors import ConfigError
+from dscore.errors import CheckpointError, ConfigError
+from dscore.moe.groups import expert_groups
+from dscore.moe.utils import is_moe_param
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
@@ -64,7 +66,7 @@ from dscore.zero.reducer import GradientReducer, ReduceBucket
 from dscore_plugins.zero.config import ZeroConfig
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
 from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
-from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin, refuse_expert_parameters
+from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin
 from dscore_plugins.zero.step import step_partitions
 
 __all__ = ["PartitionedOptimizerStage"]
@@ -91,6 +93,9 @@ class PartitionBucket(ReduceBucket):
         self.data: torch.Tensor
         self.master: torch.Tensor
         self.master_grad: torch.Tensor
+        self.comm: Any = None  # the group the bucket is partitioned over (set by the stage)
+        self.world = world
+        self.rank = 0
 
 
 class PartitionedOptimizerStage(ZeroStage):
@@ -129,7 +134,8 @@ class PartitionedOptimizerStage(ZeroStage):
         self.check_overflow = bool(ctx.precision.check_overflow)
 
         self.group_params = unique_trainable(ctx.param_groups)
-        refuse_expert_parameters(self.group_params, self.stage)
+        # MoE expert groups are partitioned and reduced over their expert-data-parallel group
+        self._group_comms = [self._comm_for(gi, params) for gi, params in enumerate(self.group_params)]
         names = {id(p): n for n, p in ctx.module.named_parameters()}
         self.buckets: list[PartitionBucket] = []
         self.flat_data: list[torch.Tensor | None] = []
@@ -144,7 +150,7 @@ class PartitionedOptimizerStage(ZeroStage):
         self._optimizer = build_optimizer(ctx, self.masters, self.group_params)
         flat_masters = [m for ms in self.masters for m in ms]  # bucket order, as self.buckets
         self._nvme = nvme_attach(ctx, self._optimizer, flat_masters,
-                                 [b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk] for b in self.buckets], self.rank)
+                                 [b.data[b.rank * b.chunk : (b.rank + 1) * b.chunk] for b in self.buckets], self.rank)
         if self._nvme is not None:  # masters and state now live in swap files: drop the other references
             self._separate_masters.clear()
             for b, m in zip(self.buckets, flat_masters):
@@ -153,16 +159,25 @@ class PartitionedOptimizerStage(ZeroStage):
             self._optimizer.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
         # stage 2 (contiguous) copies each gradient into its bucket's staging buffer in the hook and frees
         # it; stage 1 keeps .grad as views of the flat gradient buffer (or stages them at launch)
-        self.reducer = GradientReducer(
-            self.comm,
-            self.buckets,
-            reduce_scatter=self.use_reduce_scatter,
-            copy_on_hook=self.partition_gradients and self.contiguous,
-            free_grads=self.partition_gradients,
-            ordered=True,
-            max_inflight=_MAX_INFLIGHT,
+        by_comm: dict[int, tuple[Any, list[PartitionBucket]]] = {id(self.comm): (self.comm, [])}
+        for b in self.buckets:
+            by_comm.setdefault(id(b.comm), (b.comm, []))[1].append(b)
+        self._reducers = [
+            GradientReducer(
+                comm,
+                buckets,
+                reduce_scatter=self.use_reduce_scatter,
+                copy_on_hook=self.partition_gradients and self.contiguous,
+                free_grads=self.partition_gradients,
+                ordered=True,
+                max_inflight=_MAX_INFLIGHT,
+            )
+            for comm, buckets in by_comm.values()
+        ]
+        self.reducer = self._reducers[0]  # the data-parallel group's; the others reduce MoE expert groups
+        self._hooks = (
+            [h for r in self._reducers for h in r.register_hooks()] if (self.partition_gradients or self.overlap) else []
         )
-        self._hooks = self.reducer.register_hooks() if (self.partition_gradients or self.overlap) else []
         self._fresh = True  # gradient partitions hold nothing from this window yet
         self._reduced = False
         log.info(
@@ -189,7 +204,10 @@ class PartitionedOptimizerStage(ZeroStage):
                 size = 0
             groups[-1].append(p)
             size += p.numel()
-        buckets = [PartitionBucket(len(self.buckets) + i, gi, ps, self.world) for i, ps in enumerate(groups)]
+        comm = self._group_comms[gi]
+        buckets = [PartitionBucket(len(self.buckets) + i, gi, ps, comm.world_size) for i, ps in enumerate(groups)]
+        for b in buckets:
+            b.comm, b.world, b.rank = comm, comm.world_size, comm.rank
         total = sum(b.padded for b in buckets)
         flat = torch.zeros(total, dtype=dtype, device=device)
         grad = torch.zeros(total, dtype=dtype, device=device) if (self.contiguous and not self.partition_gradients) else None
@@ -227,7 +245,7 @@ class PartitionedOptimizerStage(ZeroStage):
                     else:
                         p.grad = None
                     self._param_bucket[id(p)] = (b, k)
-                own = slice(self.rank * b.chunk, (self.rank + 1) * b.chunk)
+                own = slice(b.rank * b.chunk, (b.rank + 1) * b.chunk)
                 if master is None:
                     b.master = b.data[own]
                 else:
@@ -275,7 +293,7 @@ class PartitionedOptimizerStage(ZeroStage):
         out["lp_params"] += [t for t in self.flat_data if t is not None]
         out["hp_params"] += list(self._separate_masters)
         out["lp_grads"] += [t for t in self.flat_grad if t is not None] + list(self.master_grads)
-        out["contiguous_grad_buffer"] += self.reducer.buffers()
+        out["contiguous_grad_buffer"] += [t for r in self._reducers for t in r.buffers()]
         return out
 
     def _zero_grad_from_optimizer(self, set_to_none: bool = True) -> None:
@@ -308,23 +326,26 @@ class PartitionedOptimizerStage(ZeroStage):
         try:
             loss.backward(retain_graph=retain_graph)
         finally:
-            self.reducer.end()
+            for r in self._reducers:
+                r.end()
         if reduce_now:
             t0 = clock(timers)
             self._flush()
             if timers is not None:
                 timers.add("backward.reduce_wait", clock(timers) - t0)
         if timers is not None:
-            timers.add("backward.bucket", self.reducer.copy_seconds)
+            timers.add("backward.bucket", sum(r.copy_seconds for r in self._reducers))
 
     def _begin(self, *, launch: bool, timed: bool = False) -> None:
         # fp16: average before summing so the sum cannot overflow; stage 2 adds a window's micro steps
         prescale = float(self.world) if self.world > 1 and self.precision.compute_dtype == torch.float16 else 1.0
         accumulate = self.partition_gradients and not self._fresh
-        self.reducer.begin(launch=launch, prescale=prescale, accumulate=accumulate, timed=timed)
+        for r in self._reducers:
+            r.begin(launch=launch, prescale=prescale, accumulate=accumulate, timed=timed)
 
     def _flush(self) -> None:
-        self.reducer.flush()
+        for r in self._reducers:
+            r.flush()
         self._fresh = False
         self._reduced = True
 
@@ -349,25 +370,26 @@ class PartitionedOptimizerStage(ZeroStage):
         pending: list[tuple[list[Work], torch.Tensor]] = []  # keeps each converted source alive until waited
         for b in reversed(self.buckets):
             # an empty master is on NVMe: its step already wrote the updated values into the own chunk
-            src = b.master if b.master.numel() else b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk]
+            comm, world, rank = b.comm, b.world, b.rank  # an MoE expert bucket: its expert-data-parallel group
+            src = b.master if b.master.numel() else b.data[rank * b.chunk : (rank + 1) * b.chunk]
             if src.dtype != b.data.dtype or src.device != b.data.device:
                 src = src.to(device=b.data.device, dtype=b.data.dtype, non_blocking=True)
             handles: list[Work] = []
-            if self.world == 1:
+            if world == 1:
                 b.data.copy_(src)
             elif not self.allgather_partitions:
-                b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk].copy_(src)
-                for q in range(self.world):
+                b.data[rank * b.chunk : (rank + 1) * b.chunk].copy_(src)
+                for q in range(world):
                     piece = b.data[q * b.chunk : (q + 1) * b.chunk]
-                    handles.append(self.comm.broadcast(piece, self.comm.global_rank(q), async_op=True))
+                    handles.append(comm.broadcast(piece, comm.global_rank(q), async_op=True))
             elif b.padded <= self.allgather_bucket:
-                handles.append(self.comm.all_gather_into_tensor(b.data, src, async_op=True))
+                handles.append(comm.all_gather_into_tensor(b.data, src, async_op=True))
             else:
-                piece = max(1, self.allgather_bucket // self.world)
+                piece = max(1, self.allgather_bucket // world)
                 for a in range(0, b.chunk, piece):
                     e = min(b.chunk, a + piece)
-                    outs = [b.data[q * b.chunk + a : q * b.chunk + e] for q in range(self.world)]
-                    handles.append(self.comm.all_gather(outs, src[a:e], async_op=True))
+                    outs = [b.data[q * b.chunk + a : q * b.chunk + e] for q in range(world)]
+                    handles.append(comm.all_gather(outs, src[a:e], async_op=True))
             if handles:
                 pending.append((handles, src))
         for handles, _ in pending:
@@ -386,7 +408,8 @@ class PartitionedOptimizerStage(ZeroStage):
 
     def _zero_buffers(self) -> None:
         # after a step: zero in place, keep stage 1's ``.grad`` views (no per-parameter work per step)
-        self.reducer.reset()
+        for r in self._reducers:
+            r.reset()
         grads = [g for g in self.flat_grad if g is not None]
         if grads:
             torch._foreach_zero_(grads)
@@ -398,13 +421,41 @@ class PartitionedOptimizerStage(ZeroStage):
         self._reduced = False
 
     # ------------------------------------------------------------------ checkpoints
+    def _refuse_moe_checkpoint(self) -> None:
+        if any(c is not self.comm for c in self._group_comms):
+            raise CheckpointError(
+                f"checkpoints of MoE models under zero_optimization.stage {self.stage} are not implemented (expert "
+                "partitions live on the expert-data-parallel group); use zero_optimization.stage 0 to save them"
+            )
+
+    def _comm_for(self, gi: int, params: list[torch.nn.Parameter]) -> Any:
+        """The comm optimizer group ``gi`` is partitioned over: the data-parallel one, or for a group of MoE
+        expert parameters (``split_params_into_different_moe_groups_for_optimizer``) its expert-data-parallel one.
+
+        Raises:
+            ConfigError: a group mixes expert parameters with others (or expert sizes).
+        """
+        experts = [p for p in params if is_moe_param(p)]
+        if not experts:
+            return self.comm
+        if len(experts) != len(params) or len({p.group_name for p in experts}) != 1:
+            raise ConfigError(
+                f"optimizer parameter group {gi} mixes MoE expert parameters with other parameters; under "
+                f"zero_optimization.stage {self.stage} pass model_parameters="
+                "dscore.moe.utils.split_params_into_different_moe_groups_for_optimizer({'params': ...}) "
+                "to dscore.initialize (as DeepSpeed requires)"
+            )
+        return expert_groups(self.comm, int(experts[0].group_name.rsplit("_", 1)[1])).edp_comm
+
     def state_dict(self) -> dict[str, Any]:
         """Full tensors keyed by parameter name (collective: call on every rank)."""
+        self._refuse_moe_checkpoint()
         with nvme_materialized(self._optimizer):
             return partitioned_state_dict(self._optimizer, self.pairs, self.comm, self.loss_scaler)
 
     def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
         """Re-partition a state saved at any world size; refresh module weights from the fp32 masters."""
+        self._refuse_moe_checkpoint()
         with nvme_materialized(self._optimizer, write_back=True):
             self._load_state_dict(state, load_optimizer_states=load_optimizer_states)
 
@@ -419,7 +470,7 @@ class PartitionedOptimizerStage(ZeroStage):
     def _refresh_masters(self) -> None:
         with torch.no_grad():
             for b in self.buckets:
-                own = b.data[self.rank * b.chunk : (self.rank + 1) * b.chunk]
+                own = b.data[b.rank * b.chunk : (b.rank + 1) * b.chunk]
                 if own.data_ptr() != b.master.data_ptr():
                     b.master.copy_(own)
 
