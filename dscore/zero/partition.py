@@ -118,6 +118,10 @@ class FlatUnit:
         self.on_modified: list[Callable[[FlatUnit], None]] = []
         self.partition_source: Callable[[FlatUnit], None] | None = None
         self.buffer_cache: GatherBufferCache | None = None
+        #: > 0: gathers send int8 blocks of this many elements plus fp32 scales (ZeRO++ quantized
+        #: weights, :mod:`dscore.zero.quantize`); the partition itself stays exact
+        self.quantize_block = 0
+        self.quantized_view = False  # ``full`` holds a quantized gather (never written back)
         self._handle: Work | None = None
         self.bind_views()
 
@@ -153,6 +157,7 @@ class FlatUnit:
             self.partition.copy_(self.own_slice())
         self.gathered = True
         self._set_status(ZeroParamStatus.AVAILABLE)
+        self.quantized_view = False
 
     # ------------------------------------------------------------------ gather / release
     def _ensure_storage(self) -> None:
@@ -165,26 +170,60 @@ class FlatUnit:
         else:
             storage.resize_(nbytes)
 
-    def gather(self, *, async_op: bool = False) -> None:
-        """Make the full parameters available (all-gather of the partitions). No-op when gathered."""
+    def gather(self, *, async_op: bool = False, quantized: bool = False) -> None:
+        """Make the full parameters available (all-gather of the partitions). No-op when gathered, except
+        that an exact gather of a unit holding a quantized gather gathers again, exactly.
+
+        Args:
+            quantized: allow the ZeRO++ quantized gather (when :attr:`quantize_block` is set): the training
+                hooks' gathers; checkpoints and user gathers stay exact.
+        """
         if self.gathered:
+            if self.quantized_view and not quantized:
+                self.wait()
+                self._launch(async_op)
+                self._set_status(ZeroParamStatus.INFLIGHT)
             if not async_op:
                 self.wait()
             return
         self._ensure_storage()
-        self._launch(async_op)
+        self._launch(async_op, quantized)
         self.gathered = True
         self._set_status(ZeroParamStatus.INFLIGHT)
         if not async_op:
             self.wait()
 
-    def _launch(self, async_op: bool) -> None:
+    def _launch(self, async_op: bool, quantized: bool = False) -> None:
+        self.quantized_view = bool(quantized and self.quantize_block)
         if self.partition_source is not None:
             self.partition_source(self)
         src = self.partition
         if src.device != self.full.device:  # parameter offload: partition lives on the host
             src = src.to(self.full.device, non_blocking=True)
+        if self.quantized_view:
+            self._handle = self._launch_quantized(src)
+            return
         self._handle = self.comm.all_gather_into_tensor(self.full, src, async_op=True)
+
+    def _launch_quantized(self, src: torch.Tensor) -> Work:
+        """All-gather int8 blocks and their scales; the returned work dequantizes into ``full`` when waited."""
+        from dscore.zero.quantize import dequantize_int8_blockwise, quantize_int8_blockwise
+
+        block, world, chunk = self.quantize_block, self.world, self.chunk
+        q, scales = quantize_int8_blockwise(src, block)
+        q_all = torch.empty(world * q.numel(), dtype=torch.int8, device=self.full.device)
+        s_all = torch.empty(world * scales.numel(), dtype=torch.float32, device=self.full.device)
+        works = [
+            self.comm.all_gather_into_tensor(q_all, q, async_op=True),
+            self.comm.all_gather_into_tensor(s_all, scales, async_op=True),
+        ]
+        full = self.full
+
+        def finish() -> None:
+            for r, (qr, sr) in enumerate(zip(q_all.chunk(world), s_all.chunk(world))):
+                dequantize_int8_blockwise(qr, sr, full[r * chunk : (r + 1) * chunk], block)
+
+        return Work(works, finish)
 
     def refresh(self, *, async_op: bool = False) -> None:
         """Re-gather a gathered unit after its partition changed (e.g. after an optimizer step)."""
@@ -216,8 +255,14 @@ class FlatUnit:
 
     def write_back(self) -> None:
         """Copy this rank's chunk of the (gathered, possibly modified) full buffer into the partition and
-        run :attr:`on_modified` callbacks."""
+        run :attr:`on_modified` callbacks.
+
+        Raises:
+            RuntimeError: ``full`` holds a quantized gather (writing it back would lose precision).
+        """
         self.wait()
+        if self.quantized_view:
+            raise RuntimeError(f"unit {self.name!r}: write_back of a quantized gather; gather(quantized=False) first")
         if self.partition_source is not None:
             self.partition_source(self)
         with torch.no_grad():

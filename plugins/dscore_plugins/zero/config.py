@@ -172,13 +172,15 @@ class ZeroConfig(SectionModel):
     parameter_alignment: bool = False
     """Align partition boundaries to the parameter boundaries."""
     zero_hpz_partition_size: PositiveInt = 1
-    """ZeRO++ hierarchical partitioning group size (1 disables)."""
+    """ZeRO++ hierarchical partitioning group size (1 disables; larger values are refused: not implemented)."""
     zero_quantized_weights: bool = False
-    """ZeRO++ quantized weight all-gather."""
+    """ZeRO++ quantized weights (stage 3): the training all-gathers of non-persistent units send int8 blocks
+    (at most 2048 elements, splitting each rank's chunk evenly) with an fp32 scale each
+    (:mod:`dscore.zero.quantize`); partitions, optimizer, checkpoints and user gathers stay exact."""
     zero_quantized_nontrainable_weights: bool = False
-    """ZeRO++ quantization of frozen weights."""
+    """ZeRO++ (stage 3): quantize the all-gathers of frozen parameters only."""
     zero_quantized_gradients: bool = False
-    """ZeRO++ quantized gradient reduce-scatter."""
+    """ZeRO++ quantized gradient reduce-scatter (true is refused: not implemented)."""
     memory_efficient_linear: bool = True
     """Use ZeRO-3's memory-efficient linear autograd function."""
     override_module_apply: bool = True
@@ -211,6 +213,21 @@ class ZeroConfig(SectionModel):
             object.__setattr__(self, "overlap_comm", self.stage == 3)
         if not self.compute_grad_norm and self.stage not in (1, 2):
             raise ValueError(f"compute_grad_norm: false is supported only with stage 1 or 2, not stage {self.stage}")
+        # ZeRO++: quantized weights are implemented (stage 3 only, as DeepSpeed); hpZ and qgZ are not
+        if self.zero_hpz_partition_size > 1:
+            raise ValueError(
+                f"zero_hpz_partition_size = {self.zero_hpz_partition_size}: ZeRO++ hierarchical partitioning (hpZ) "
+                "is not implemented by dscore; use 1"
+            )
+        if self.zero_quantized_gradients:
+            raise ValueError(
+                "zero_quantized_gradients: ZeRO++ quantized gradients (qgZ) are not implemented by dscore; use false"
+            )
+        if (self.zero_quantized_weights or self.zero_quantized_nontrainable_weights) and self.stage != 3:
+            raise ValueError(
+                "zero_quantized_weights / zero_quantized_nontrainable_weights quantize ZeRO stage 3's parameter "
+                f"all-gathers; they need stage 3, not stage {self.stage}"
+            )
         if self.offload_optimizer is not None and self.offload_optimizer.ratio < 1.0 and self.stage != 3:
             raise ValueError(
                 f"offload_optimizer.ratio = {self.offload_optimizer.ratio} (partial offloading) requires stage 3, "

@@ -63,6 +63,7 @@ from dscore.zero.buffer_cache import GatherBufferCache
 from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.partition import FlatUnit, unit_of
+from dscore.zero.quantize import DEFAULT_BLOCK as QUANT_BLOCK
 from dscore.zero.reducer import GradientReducer, ReduceBucket
 from dscore_plugins.zero.config import ZeroConfig
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
@@ -231,6 +232,8 @@ class Stage3(ZeroStage):
         self.persistence_threshold = zc.elements("param_persistence_threshold")
         self.gather_16bit_weights_on_model_save = bool(zc.gather_16bit_weights_on_model_save)
         self.sub_group_size = int(zc.sub_group_size)
+        self.quantize_weights = bool(zc.zero_quantized_weights)
+        self.quantize_frozen = bool(zc.zero_quantized_nontrainable_weights)
         self.offload_opt = offload_device(zc.offload_optimizer, "offload_optimizer") in ("cpu", "nvme")
         self.offload_param = offload_device(zc.offload_param, "offload_param") in ("cpu", "nvme")
         self.nvme_param = self.offload_param and zc.offload_param.device == "nvme"
@@ -349,6 +352,11 @@ class Stage3(ZeroStage):
             unit = FlatUnit(ps, self.comm, dtype=self.compute_dtype, device=device, name=f"{type(mod).__name__}:{key}")
             unit.load_full([values[i] for i in idx])
             unit.persistent = unit.numel <= self.persistence_threshold
+            if not unit.persistent and (self.quantize_weights or (self.quantize_frozen and key == _FROZEN)):
+                # persistent units are gathered once per step: kept exact. Blocks of at most QUANT_BLOCK
+                # elements that split this rank's chunk evenly (no padding beyond a few elements)
+                blocks = -(-unit.chunk // QUANT_BLOCK)
+                unit.quantize_block = -(-unit.chunk // blocks)
             if not unit.persistent:
                 unit.release()
             st = _UnitState(unit, key, len(self.units))
@@ -450,7 +458,7 @@ class Stage3(ZeroStage):
             return
         if not u.gathered:
             self._make_room(u.numel)
-            u.gather(async_op=async_op)
+            u.gather(async_op=async_op, quantized=True)  # training gathers: ZeRO++ quantized when enabled
         elif not async_op:
             u.wait()
         self._gathered[id(u)] = s
