@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from dscore import hookimpl
 from dscore.specs import ConfigSectionSpec, EngineSpec
 
@@ -42,3 +44,14 @@ def dscore_register_config_sections() -> list[ConfigSectionSpec]:
             description="pipeline-parallel settings checked against the PipelineModule (DeepSpeed 0.19.8 keys)",
         )
     ]
+
+
+@hookimpl
+def dscore_engine_created(engine: Any) -> None:
+    """Give the model's MoE layers their expert-parallel groups (:mod:`dscore_plugins.engine.moe`)."""
+    module = getattr(engine, "module", None)
+    if module is None:
+        return
+    from dscore_plugins.engine.moe import wire_moe_layers
+
+    wire_moe_layers(engine)
