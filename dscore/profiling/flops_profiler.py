@@ -16,7 +16,8 @@ exactly, so a model gives the numbers DeepSpeed prints:
   ``numel(q) · L_k + numel(q[..., 0]) · L_k · E_v``; ``embedding`` and ``dropout`` 0; ``add``/``mul``
   (functions and methods, not the ``+``/``*`` operators) the broadcast result's size; RNN modules
   by DeepSpeed's per-gate formulas;
-* params of a module are ``sum(p.numel())`` over its parameters (expert parameters, tagged by a
+* params of a module are ``sum(p.numel())`` over its parameters (``ds_numel`` for a ZeRO-3 partitioned
+  parameter, which DeepSpeed would count as 0 between gathers; expert parameters, tagged by a
   ``group_name`` of ``ep_size_<n>``, are reported separately as DeepSpeed does);
 * latency is wall time of each module's forward, with the device synchronized before each clock read.
 
@@ -499,11 +500,13 @@ class FlopsProfiler:
                         ep = int(group[len("ep_size_") :])
                     except ValueError:
                         ep = 0
+                # ZeRO-3 leaves a partitioned parameter empty between gathers: its full size is ds_numel
+                numel = int(getattr(p, "ds_numel", p.numel()))
                 if ep:
-                    stats.expert_params += p.numel()
-                    stats.model_expert_params += p.numel() * ep
+                    stats.expert_params += numel
+                    stats.model_expert_params += numel * ep
                 else:
-                    stats.params += p.numel()
+                    stats.params += numel
             self._stats[module] = stats
 
     def end_profile(self) -> None:

@@ -202,3 +202,15 @@ def test_engine_recompute_factor_and_config_checks(tmp_path: Path) -> None:
     for bad in ({"module_depth": -2}, {"top_modules": 0}, {"profile_stepp": 1}):
         with pytest.raises(ConfigError, match="flops_profiler"):
             dscore.initialize(model=MLP(), config=_engine_config(tmp_path, **bad))
+
+
+def test_engine_profile_under_zero3_counts_partitioned_parameters(tmp_path: Path) -> None:
+    cfg = _engine_config(tmp_path, profile_step=0, detailed=False)
+    cfg["zero_optimization"] = {"stage": 3, "stage3_param_persistence_threshold": 0}
+    engine, *_ = dscore.initialize(model=MLP(), config=cfg)
+    engine.backward(F.mse_loss(engine(torch.randn(8, 64)), torch.randn(8, 32)))
+    engine.step()
+    text = (tmp_path / "flops.txt").read_text()
+    engine.close()
+    assert re.search(r"params per GPU: +12.45 K", text)  # full sizes, though partitioned between gathers
+    assert re.search(r"fwd MACs per GPU: +98.3 KMACs", text)
