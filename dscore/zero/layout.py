@@ -132,11 +132,15 @@ def optimizer_state_dict(
     opt: torch.optim.Optimizer | None,
     pairs: list[tuple[torch.Tensor, GroupLayout]],
     comm: Comm,
+    *,
+    comms: dict[int, Comm] | None = None,
 ) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, torch.Tensor]]:
     """``(state by name, param_groups hyper-parameters, fp32 master weights by name)`` with full tensors.
 
     Args:
         pairs: every optimizer parameter (a flat partition tensor) with the layout of its elements.
+        comms: ``id(partition) -> Comm`` for partitions spread over another group than ``comm`` (MoE
+            expert groups over their expert-data-parallel group).
 
     Runs collectives: every rank must call it.
     """
@@ -144,8 +148,11 @@ def optimizer_state_dict(
     hyper_groups: list[dict[str, Any]] = []
     fp32: dict[str, torch.Tensor] = {}
     layout_of = {id(m): lay for m, lay in pairs}
+    def comm_of(m: torch.Tensor) -> Comm:
+        return comms.get(id(m), comm) if comms else comm
+
     for m, lay in pairs:
-        fp32.update(gather_by_name(m.detach(), lay, comm))
+        fp32.update(gather_by_name(m.detach(), lay, comm_of(m)))
     if opt is None:
         return state, hyper_groups, fp32
     for group in opt.param_groups:
@@ -159,7 +166,7 @@ def optimizer_state_dict(
             scalars: dict[str, Any] = {}
             for k, v in pstate.items():
                 if torch.is_tensor(v) and v.dim() == 1 and v.numel() == layout.numel:
-                    full[k] = gather_by_name(v, layout, comm)
+                    full[k] = gather_by_name(v, layout, comm_of(m))
                 else:
                     scalars[k] = v.detach().clone() if torch.is_tensor(v) else v
             for name in layout.names:
@@ -175,8 +182,11 @@ def load_optimizer_state(
     pairs: list[tuple[torch.Tensor, GroupLayout]],
     saved: dict[str, Any],
     rank: int,
+    *,
+    ranks: dict[int, int] | None = None,
 ) -> None:
-    """Re-partition a :func:`optimizer_state_dict` result (saved at any world size) into ``opt``.
+    """Re-partition a :func:`optimizer_state_dict` result (saved at any world size) into ``opt``
+    (``ranks``: ``id(partition) -> rank`` where a partition's group is not the data-parallel one).
 
     Raises:
         ConfigError: the number of parameter groups differs.
@@ -203,7 +213,8 @@ def load_optimizer_state(
             for k, v0 in saved_state[names[0]].items():
                 if torch.is_tensor(v0) and v0.dim() > 0:
                     t = torch.zeros(layout.numel, dtype=v0.dtype)
-                    scatter_by_name({n: saved_state[n][k] for n in names}, layout, rank, t)
+                    own_rank = ranks.get(id(m), rank) if ranks else rank
+                    scatter_by_name({n: saved_state[n][k] for n in names}, layout, own_rank, t)
                     new[k] = t.to(m.device)
                 else:
                     new[k] = v0.clone() if torch.is_tensor(v0) else v0
@@ -215,13 +226,16 @@ def partitioned_state_dict(
     pairs: list[tuple[torch.Tensor, GroupLayout]],
     comm: Comm,
     loss_scaler: LossScaler | None,
+    *,
+    comms: dict[int, Comm] | None = None,
 ) -> dict[str, Any]:
-    """:meth:`dscore.protocols.ZeroStage.state_dict` of a stage with partitioned optimizer state.
+    """:meth:`dscore.protocols.ZeroStage.state_dict` of a stage with partitioned optimizer state
+    (``comms``: as :func:`optimizer_state_dict`).
 
     Returns ``{"param_names", "state", "param_groups", "fp32_params"[, "loss_scaler"]}`` with full
     tensors keyed by parameter name (see :func:`optimizer_state_dict`). Collective: every rank calls it.
     """
-    state, groups, fp32 = optimizer_state_dict(opt, pairs, comm)
+    state, groups, fp32 = optimizer_state_dict(opt, pairs, comm, comms=comms)
     out: dict[str, Any] = {
         "param_names": [n for _, lay in pairs for n in lay.names],
         "state": state,
@@ -242,8 +256,10 @@ def load_partitioned_state(
     loss_scaler: LossScaler | None,
     load_optimizer_states: bool,
     masters_loaded: Callable[[bool], None],
+    ranks: dict[int, int] | None = None,
 ) -> None:
-    """Restore :func:`partitioned_state_dict` output saved at any world size.
+    """Restore :func:`partitioned_state_dict` output saved at any world size (``ranks``: as
+    :func:`load_optimizer_state`).
 
     With ``load_optimizer_states`` and saved ``fp32_params``, this rank's chunks are scattered into the
     master partitions (``pairs``) and ``masters_loaded(True)`` runs (the stage copies masters into its
@@ -258,12 +274,12 @@ def load_partitioned_state(
     with torch.no_grad():
         if fp32:
             for m, lay in pairs:
-                scatter_by_name(fp32, lay, rank, m.data)
+                scatter_by_name(fp32, lay, ranks.get(id(m), rank) if ranks else rank, m.data)
         masters_loaded(bool(fp32))
     if not load_optimizer_states:
         return
     if loss_scaler is not None and "loss_scaler" in state:
         loss_scaler.load_state_dict(state["loss_scaler"])
     if opt is not None:
-        load_optimizer_state(opt, pairs, state, rank)
+        load_optimizer_state(opt, pairs, state, rank, ranks=ranks)
 

@@ -142,7 +142,12 @@ def _run(clip: float, stage: int = 0) -> dict:
 
 
 def _two_ranks() -> dict:
-    return {"zero0": _run(0.0), "zero0-clip": _run(0.05), "zero1-clip": _run(0.05, stage=1), "zero2": _run(0.0, stage=2)}
+    return {
+        "zero0": _run(0.0),
+        "zero0-clip": _run(0.05),
+        "zero1-clip": _run(0.05, stage=1),
+        "zero2": _run(0.0, stage=2),
+    }
 
 
 def _four_ranks() -> dict:
@@ -179,70 +184,68 @@ def test_zero_with_experts_needs_split_groups_and_stage3_is_refused(stage: int) 
         dscore.initialize(model=_models()(1), config=cfg)
 
 
-def _adam_config() -> dict:
-    return {"train_micro_batch_size_per_gpu": TOKENS, "gradient_clipping": 0.0,
-            "optimizer": {"type": "Adam", "params": {"lr": 0.01}}}  # fmt: skip
+def _engine(model, stage: int):
+    import dscore
+    from dscore.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    cfg = {"train_micro_batch_size_per_gpu": TOKENS, "gradient_clipping": 0.0,
+           "optimizer": {"type": "Adam", "params": {"lr": 0.01}}, "zero_optimization": {"stage": stage}}  # fmt: skip
+    groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters())})
+    engine, *_ = dscore.initialize(model=model, model_parameters=groups, config=cfg)
+    return engine
 
 
-def _save_at_ep2(save_dir: str) -> dict:
-    import torch
+def _expert_state(engine) -> dict:
+    """Weights and Adam exp_avg of every expert this rank holds, by checkpoint (global) name, as lists."""
+    state = engine.zero_stage_impl.state_dict()  # world-size independent, experts under global names
+    sd = engine.zero_stage_impl.module_state_dict()
+    experts = {k: v.tolist() for k, v in sd.items() if ".deepspeed_experts." in k}
+    moments = {k: v["exp_avg"].tolist() for k, v in state["state"].items() if ".deepspeed_experts." in k}
+    return {"weights": experts, "exp_avg": moments, "gate": sd["moe.deepspeed_moe.gate.wg.weight"].tolist()}
+
+
+def _save_at_ep2(save_dir: str, stage: int) -> dict:
     import torch.distributed as dist
     import torch.nn.functional as F
-
-    import dscore
 
     rank = dist.get_rank()
     model = _models()(2)
     _perturb(model.moe.deepspeed_moe.experts.deepspeed_experts[0], rank)
-    engine, *_ = dscore.initialize(model=model, config=_adam_config())
+    engine = _engine(model, stage)
     for step in range(2):
         x, y = _batch(rank, step)
         out, l_aux = engine(x)
         engine.backward(F.mse_loss(out, y) + AUX * l_aux)
         engine.step()
     engine.save_checkpoint(save_dir, tag="ep2")
-    expert = engine.module.moe.deepspeed_moe.experts.deepspeed_experts[0]
-    opt = engine.optimizer
-    weights = {n: p.detach().clone() for n, p in expert.named_parameters()}
-    exp_avg = {n: opt.state[p]["exp_avg"].clone() for n, p in expert.named_parameters()}
-    gate = engine.module.moe.deepspeed_moe.gate.wg.weight.detach().tolist()
-    # reload at the same ep_size: every rank gets its own expert back
-    again = _models()(2)
-    engine2, *_ = dscore.initialize(model=again, config=_adam_config())
-    engine2.load_checkpoint(save_dir, tag="ep2")
-    mine = engine2.module.moe.deepspeed_moe.experts.deepspeed_experts[0]
-    same = all(torch.equal(p, weights[n]) for n, p in mine.named_parameters())
-    same_state = all(torch.equal(engine2.optimizer.state[p]["exp_avg"], exp_avg[n]) for n, p in mine.named_parameters())
+    saved = _expert_state(engine)
     engine.close()
+    engine2 = _engine(_models()(2), stage)  # reload at the same ep_size
+    engine2.load_checkpoint(save_dir, tag="ep2")
+    again = _expert_state(engine2)
     engine2.close()
-    return {"weights": {n: w.tolist() for n, w in weights.items()},
-            "exp_avg": {n: w.tolist() for n, w in exp_avg.items()}, "gate": gate, "same_ep2": same and same_state}  # fmt: skip
+    return {"saved": saved, "same_ep2": again == saved}
 
 
-def _load_at_ep1(save_dir: str) -> dict:
-    import dscore
-
-    engine, *_ = dscore.initialize(model=_models()(1), config=_adam_config())
+def _load_at_ep1(save_dir: str, stage: int) -> dict:
+    engine = _engine(_models()(1), stage)
     engine.load_checkpoint(save_dir, tag="ep2")
-    experts = engine.module.moe.deepspeed_moe.experts.deepspeed_experts
-    out = {
-        "weights": [{n: p.detach().tolist() for n, p in e.named_parameters()} for e in experts],
-        "exp_avg": [
-            {n: engine.optimizer.state[p]["exp_avg"].tolist() for n, p in e.named_parameters()} for e in experts
-        ],
-        "gate": engine.module.moe.deepspeed_moe.gate.wg.weight.detach().tolist(),
-    }
+    out = _expert_state(engine)
     engine.close()
     return out
 
 
-def test_checkpoint_saved_at_ep2_loads_at_ep1_and_ep2(tmp_path) -> None:
-    saved = run_distributed(_save_at_ep2, 2, str(tmp_path), timeout=240)
-    assert all(r["same_ep2"] for r in saved)
-    loaded = _load_at_ep1(str(tmp_path))  # one process, every expert local
-    for expert_id, rank_result in enumerate(saved):  # expert e was rank e's only expert
-        for n, w in rank_result["weights"].items():
-            assert loaded["weights"][expert_id][n] == w  # exact: lists of the same floats
-            assert loaded["exp_avg"][expert_id][n] == rank_result["exp_avg"][n]
-    assert loaded["weights"][0]["0.weight"] != loaded["weights"][1]["0.weight"]
-    assert loaded["gate"] == saved[0]["gate"] == saved[1]["gate"]
+@pytest.mark.parametrize("stage", [0, 2])
+def test_checkpoint_saved_at_ep2_loads_at_ep1_and_ep2(tmp_path, stage: int) -> None:
+    results = run_distributed(_save_at_ep2, 2, str(tmp_path), stage, timeout=240)
+    assert all(r["same_ep2"] for r in results)
+    saved = results[0]["saved"]
+    assert saved == results[1]["saved"]  # every rank's view holds both experts (gathered over the EP group)
+    assert len({k.split(".deepspeed_experts.")[1].split(".")[0] for k in saved["weights"]}) == 2
+    loaded = _load_at_ep1(str(tmp_path), stage)  # one process, every expert local
+    assert loaded == saved  # weights and Adam moments of both experts, exactly
+    w = saved["weights"]
+    assert (
+        w["moe.deepspeed_moe.experts.deepspeed_experts.0.0.weight"]
+        != w["moe.deepspeed_moe.experts.deepspeed_experts.1.0.weight"]
+    )

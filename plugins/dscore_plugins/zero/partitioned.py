@@ -55,7 +55,8 @@ from typing import Any
 import torch
 
 from dscore.comm import Work
-from dscore.errors import CheckpointError, ConfigError
+from dscore.errors import ConfigError
+from dscore.moe.checkpoint import ExpertNaming
 from dscore.moe.groups import expert_groups
 from dscore.moe.utils import is_moe_param
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
@@ -145,6 +146,8 @@ class PartitionedOptimizerStage(ZeroStage):
         self.master_grads: list[torch.Tensor] = []  # fp32 gradient partitions (buffers or chunk views)
         self._separate_masters: list[torch.Tensor] = []
         self._param_bucket: dict[int, tuple[PartitionBucket, int]] = {}
+        self._pair_comms: dict[int, Any] = {}
+        self._pair_ranks: dict[int, int] = {}
         for gi, params in enumerate(self.group_params):
             self._build_group(gi, params, names)
         self._optimizer = build_optimizer(ctx, self.masters, self.group_params)
@@ -275,6 +278,9 @@ class PartitionedOptimizerStage(ZeroStage):
                 )
                 self.masters[gi].append(mparam)
                 self.pairs.append((mparam, layout))
+                if comm is not self.comm:  # an MoE expert group: its partitions live on the EDP group
+                    self._pair_comms[id(mparam)] = comm
+                    self._pair_ranks[id(mparam)] = comm.rank
                 start += b.padded
                 poff += b.chunk
         self.buckets.extend(buckets)
@@ -421,12 +427,6 @@ class PartitionedOptimizerStage(ZeroStage):
         self._reduced = False
 
     # ------------------------------------------------------------------ checkpoints
-    def _refuse_moe_checkpoint(self) -> None:
-        if any(c is not self.comm for c in self._group_comms):
-            raise CheckpointError(
-                f"checkpoints of MoE models under zero_optimization.stage {self.stage} are not implemented (expert "
-                "partitions live on the expert-data-parallel group); use zero_optimization.stage 0 to save them"
-            )
 
     def _comm_for(self, gi: int, params: list[torch.nn.Parameter]) -> Any:
         """The comm optimizer group ``gi`` is partitioned over: the data-parallel one, or for a group of MoE
@@ -448,14 +448,29 @@ class PartitionedOptimizerStage(ZeroStage):
         return expert_groups(self.comm, int(experts[0].group_name.rsplit("_", 1)[1])).edp_comm
 
     def state_dict(self) -> dict[str, Any]:
-        """Full tensors keyed by parameter name (collective: call on every rank)."""
-        self._refuse_moe_checkpoint()
+        """Full tensors keyed by parameter name (collective: call on every rank). MoE expert partitions are
+        gathered over their expert-data-parallel group and every expert is named by its global index,
+        gathered over the expert-parallel group (:mod:`dscore.moe.checkpoint`): loadable at any ep_size."""
         with nvme_materialized(self._optimizer):
-            return partitioned_state_dict(self._optimizer, self.pairs, self.comm, self.loss_scaler)
+            out = partitioned_state_dict(self._optimizer, self.pairs, self.comm, self.loss_scaler,
+                                         comms=self._pair_comms)  # fmt: skip
+        naming = ExpertNaming(self.ctx.module) if self._pair_comms else None
+        if naming:
+            out["param_names"] = naming.globalize_names(out["param_names"])
+            out["state"] = naming.globalize(out["state"])
+            out["fp32_params"] = naming.globalize(out["fp32_params"])
+            for group in out["param_groups"]:
+                group["param_names"] = naming.globalize_names(group["param_names"])
+        return out
 
     def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
         """Re-partition a state saved at any world size; refresh module weights from the fp32 masters."""
-        self._refuse_moe_checkpoint()
+        naming = ExpertNaming(self.ctx.module) if self._pair_comms else None
+        if naming:  # this rank's experts, under their local names
+            state = dict(state)
+            state["state"] = naming.localize(state.get("state", {}))
+            if state.get("fp32_params"):
+                state["fp32_params"] = naming.localize(state["fp32_params"])
         with nvme_materialized(self._optimizer, write_back=True):
             self._load_state_dict(state, load_optimizer_states=load_optimizer_states)
 
@@ -465,6 +480,7 @@ class PartitionedOptimizerStage(ZeroStage):
             state, opt=self._optimizer, pairs=self.pairs, rank=self.rank, loss_scaler=self.loss_scaler,
             load_optimizer_states=load_optimizer_states,
             masters_loaded=lambda loaded: self._all_gather_params() if loaded else self._refresh_masters(),
+            ranks=self._pair_ranks,
         )
 
     def _refresh_masters(self) -> None:
@@ -475,12 +491,17 @@ class PartitionedOptimizerStage(ZeroStage):
                     b.master.copy_(own)
 
     def module_state_dict(self) -> dict[str, torch.Tensor]:
-        """The module's own state dict (stages 1/2 hold full parameters)."""
-        return self.ctx.module.state_dict()
+        """The module's own state dict (stages 1/2 hold full parameters); MoE experts under their global
+        names, every rank's (collective over the expert-parallel group)."""
+        sd = self.ctx.module.state_dict()
+        naming = ExpertNaming(self.ctx.module) if self._pair_comms else None
+        return type(sd)(naming.globalize(dict(sd))) if naming else sd
 
     def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
-        """Load full weights in place (the flat buffers stay) and refresh the fp32 master partitions."""
-        self.ctx.module.load_state_dict(state, strict=strict)
+        """Load full weights in place (the flat buffers stay) and refresh the fp32 master partitions (MoE
+        experts: this rank's, found under their global names)."""
+        naming = ExpertNaming(self.ctx.module) if self._pair_comms else None
+        self.ctx.module.load_state_dict(naming.localize(dict(state)) if naming else state, strict=strict)
         with nvme_materialized(self._optimizer, write_back=True):
             self._refresh_masters()
 
