@@ -1,0 +1,1 @@
+"""``deepspeed.profiling`` (import ``deepspeed.profiling.flops_profiler``)."""
