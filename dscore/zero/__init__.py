@@ -9,7 +9,9 @@ For stage authors (built-in and third-party, see CONTRIBUTING.md "Write a ZeRO s
   world-size-independent optimizer state (:func:`optimizer_state_dict`, :func:`load_optimizer_state`);
 * :mod:`dscore.zero.optimizer`: the optimizer over flat partitions (:func:`build_optimizer`) and the
   global-norm unscale/clip (:func:`unscale_clip`);
-* :mod:`dscore.zero.partition`: :class:`FlatUnit`, the storage model of stage 3.
+* :mod:`dscore.zero.partition`: :class:`FlatUnit`, the storage model of stage 3;
+* :mod:`dscore.zero.leaf`: ZeRO-3 leaf modules (``set_z3_leaf_modules``, ``unset_z3_leaf_modules``,
+  ``get_z3_leaf_modules``, ``z3_leaf_module``, ``z3_leaf_parameter``: DeepSpeed's names and semantics).
 
 ``import dscore; dscore.zero.Init`` loads this package lazily (it imports torch).
 """
@@ -26,6 +28,13 @@ from dscore.zero.layout import (
     optimizer_state_dict,
     partitioned_state_dict,
     scatter_by_name,
+)
+from dscore.zero.leaf import (
+    get_z3_leaf_modules,
+    set_z3_leaf_modules,
+    unset_z3_leaf_modules,
+    z3_leaf_module,
+    z3_leaf_parameter,
 )
 from dscore.zero.optimizer import (
     build_optimizer,
@@ -51,6 +60,7 @@ __all__ = [
     "build_optimizer",
     "check_client_groups",
     "gather_by_name",
+    "get_z3_leaf_modules",
     "is_partitioned",
     "load_optimizer_state",
     "load_partitioned_state",
@@ -59,8 +69,12 @@ __all__ = [
     "partitioned_state_dict",
     "refuse_self_communicating",
     "scatter_by_name",
+    "set_z3_leaf_modules",
     "unique_trainable",
     "unit_of",
     "unscale_clip",
     "unscale_clip_for_step",
+    "unset_z3_leaf_modules",
+    "z3_leaf_module",
+    "z3_leaf_parameter",
 ]

@@ -194,18 +194,23 @@ def unscale_clip_for_step(
     clip: float,
     world: int,
     device: torch.device | str | None = None,
+    post_divisor: float | None = None,
 ) -> tuple[torch.Tensor | None, bool, bool]:
     """The start of a partitioned stage's ``step``: :func:`unscale_clip` then the loss scaler's verdict.
 
     The divisor is the loss scale times the world size (gradients were summed), except under fp16 where
-    the reducer already divided by the world size before summing.
+    the reducer already divided by the world size before summing. ``post_divisor`` replaces that
+    world-size factor when the stage reduced with other divisors
+    (:func:`dscore.zero.reducer.gradient_divisors`).
 
     Returns:
         ``(norm, skip, overflow)``: ``skip`` is True when the step must not be applied (overflow, or the
         loss scaler says so); the scaler's ``update`` has been called once.
     """
     scale = float(loss_scaler.loss_scale) if loss_scaler is not None else 1.0
-    divisor = scale * (1.0 if precision.compute_dtype == torch.float16 else float(world))
+    if post_divisor is None:
+        post_divisor = 1.0 if precision.compute_dtype == torch.float16 else float(world)
+    divisor = scale * post_divisor
     norm, overflow = unscale_clip(
         flats, comm, divisor=divisor, clip=clip, check_overflow=bool(precision.check_overflow), device=device
     )

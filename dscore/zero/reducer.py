@@ -39,7 +39,42 @@ from dscore.zero.layout import packed_offsets
 if TYPE_CHECKING:
     from dscore.comm import Comm
 
-__all__ = ["GradientReducer", "ReduceBucket"]
+__all__ = ["GradientReducer", "ReduceBucket", "comm_dtype_of", "gradient_divisors"]
+
+_COMM_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def comm_dtype_of(name: str | None) -> torch.dtype | None:
+    """``communication_data_type`` (``"fp32"``/``"fp16"``/``"bf16"`` or None) as a torch dtype (None: reduce
+    in the gradients' own dtype)."""
+    return None if name is None else _COMM_DTYPES[name]
+
+
+def gradient_divisors(
+    *, op: str, prescale: bool, predivide: float, world: int, default: tuple[float, float]
+) -> tuple[float, float]:
+    """``(pre, post)``: divide gradients by ``pre`` before the sum across ranks and by ``post`` after it.
+
+    DeepSpeed 0.19.8's rules (``DeepSpeedEngine.allreduce_bucket``, ``gradient_reduction_w_predivide``):
+    ``gradient_allreduce_op: "sum"`` divides by nothing; ``prescale_gradients: true`` divides by the world
+    size before the sum (``gradient_predivide_factor`` unused); otherwise a ``gradient_predivide_factor``
+    f != 1 divides by f before and by world/f after. With neither key the stage's own ``default`` order is
+    used (both give the mean; they differ only in rounding and fp16 headroom).
+
+    Args:
+        op: ``gradient_allreduce_op`` (``"mean"`` or ``"sum"``).
+        prescale: ``prescale_gradients``.
+        predivide: ``gradient_predivide_factor`` (> 0).
+        world: data-parallel world size.
+        default: the stage's ``(pre, post)`` for a plain mean.
+    """
+    if world <= 1 or op == "sum":
+        return 1.0, 1.0
+    if prescale:
+        return float(world), 1.0
+    if predivide != 1.0:
+        return float(predivide), world / float(predivide)
+    return default
 
 
 class ReduceBucket:
@@ -93,6 +128,10 @@ class ReduceBucket:
         self.got: list[bool] = [False] * len(self.params)
         self.work: Work | None = None
         self.out: torch.Tensor | None = None
+        self.converted: torch.Tensor | None = None
+        #: launched only by :meth:`GradientReducer.flush` (in bucket order), never from a hook: for buckets
+        #: a rank may not fill in every backward (a ZeRO-3 leaf module's experts)
+        self.defer = False
 
 
 class GradientReducer:
@@ -111,6 +150,9 @@ class GradientReducer:
         max_message: all-reduce a large owned bucket in pieces of at most this many elements (0: whole).
         on_launched: called with each bucket right after its collective started (stage 3 releases the
             gathered unit there).
+        comm_dtype: reduce in this dtype (``communication_data_type``; None: the gradients' dtype). Staged
+            buckets stage in it; an owned buffer of another dtype is converted at launch and the reduced
+            values copied back when the work finishes.
 
     Raises:
         ValueError: a parameter is in two buckets, or a reduce-scatter bucket has no ``target``.
@@ -128,6 +170,7 @@ class GradientReducer:
         max_inflight: int = 2,
         max_message: int = 0,
         on_launched: Callable[[ReduceBucket], None] | None = None,
+        comm_dtype: torch.dtype | None = None,
     ) -> None:
         self.comm = comm
         self.rank = comm.rank
@@ -140,6 +183,11 @@ class GradientReducer:
         self.max_inflight = max_inflight
         self.max_message = max_message
         self.on_launched = on_launched
+        self.comm_dtype = comm_dtype
+        if comm_dtype is not None:
+            for b in self.buckets:
+                if b.grad is None:
+                    b.dtype = comm_dtype
         self._where: dict[int, tuple[ReduceBucket, int]] = {}
         for i, b in enumerate(self.buckets):
             b.index = i
@@ -185,12 +233,13 @@ class GradientReducer:
         if not self._launching or b.ready < b.expected:
             return
         if not self.ordered:
-            self.launch(b)
+            if not b.defer:
+                self.launch(b)
             return
         buckets = self.buckets
         while self._next < len(buckets):
             nb = buckets[self._next]
-            if nb.ready < nb.expected:
+            if nb.ready < nb.expected or nb.defer:
                 break
             self.launch(nb)
             self._next += 1
@@ -232,7 +281,7 @@ class GradientReducer:
         while i < len(pending):
             b = pending[i]
             j = i + 1
-            if b.target is None and b.grad is not None:
+            if b.target is None and b.grad is not None and not self._converts(b):
                 lo = b.grad
                 while j < len(pending) and _precedes(pending[j], lo):
                     lo = pending[j].grad  # type: ignore[assignment]
@@ -275,7 +324,7 @@ class GradientReducer:
             b = self._inflight.pop(0)
             assert b.work is not None
             b.work.wait()
-            b.work, b.out = None, None
+            b.work, b.out, b.converted = None, None, None
         for b in self.buckets:
             self._recycle(b)
             b.launched = False
@@ -299,6 +348,9 @@ class GradientReducer:
             while len(self._inflight) >= self.max_inflight:
                 self._finish(self._inflight.pop(0))
         inp = self._input(b)
+        if self._converts(b):
+            inp = inp.to(self.comm_dtype)  # type: ignore[arg-type]
+            b.converted = inp
         if self.prescale != 1.0:
             inp.div_(self.prescale)
         comm = self.comm
@@ -310,7 +362,7 @@ class GradientReducer:
                 for a in range(0, b.padded, step)
             ]
             b.work = works[0] if len(works) == 1 else Work(works)
-            b.out = None
+            b.out = inp if b.converted is not None else None  # copied back into the owned buffer
         elif self.reduce_scatter:
             direct = not self.accumulate and target.dtype == inp.dtype and target.device == inp.device
             out = target if direct else torch.empty(b.chunk, dtype=inp.dtype, device=inp.device)
@@ -350,8 +402,11 @@ class GradientReducer:
         b.work.wait()
         b.work = None
         out, b.out = b.out, None
+        b.converted = None
         target = b.target
-        if out is not None and target is not None and out.data_ptr() != target.data_ptr():
+        if out is not None and target is None and b.grad is not None:
+            b.grad.copy_(out)
+        elif out is not None and target is not None and out.data_ptr() != target.data_ptr():
             if self.accumulate:
                 if out.device != target.device:
                     # a host target (optimizer offload) accumulates the device result: copy it over first
@@ -361,6 +416,10 @@ class GradientReducer:
             else:
                 target.copy_(out)
         self._recycle(b)
+
+    def _converts(self, b: ReduceBucket) -> bool:
+        """An owned buffer reduced in another dtype (``comm_dtype``)."""
+        return b.grad is not None and self.comm_dtype is not None and b.grad.dtype != self.comm_dtype
 
     def _acquire(self, b: ReduceBucket) -> torch.Tensor:
         """A staging buffer of ``b.padded`` elements from the pool (padding zeroed, the rest undefined)."""

@@ -91,14 +91,37 @@ class OffloadOptimizerConfig(_Offload):
 
 
 class LeafModuleConfig(SectionModel):
-    """``zero_optimization.leaf_module``: modules ZeRO-3 fetches as a whole instead of per submodule."""
+    """``zero_optimization.leaf_module``: modules ZeRO-3 gathers as a whole on entry, with no hooks on
+    their submodules (DeepSpeed 0.19.8's schema; see :mod:`dscore.zero.leaf`). A single string is taken
+    as a one-element list."""
 
-    classes: list[str] = Field(default_factory=list)
-    """Module class names (``"MixtralSparseMoeBlock"``)."""
+    classes: list[str] = Field(
+        default_factory=lambda: [
+            "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+            "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+            "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+        ]
+    )
+    """Module class names, plain (``"MixtralSparseMoeBlock"``) or qualified; default: transformers'
+    Mixtral, Qwen2-MoE and Qwen3-MoE sparse MoE blocks."""
     names: list[str] = Field(default_factory=list)
-    """Module names (``"model.layers.0.mlp"``)."""
-    name_patterns: list[str] = Field(default_factory=list)
-    """Regular expressions over module names."""
+    """Module names as in ``model.named_modules()`` (``"model.layers.0.mlp"``)."""
+    name_suffixes: list[str] = Field(default_factory=list)
+    """Suffixes of module names (``"mlp"``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_string(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            value = {k: [v] if k in ("classes", "names", "name_suffixes") and isinstance(v, str) else v
+                     for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _dedupe(self) -> LeafModuleConfig:
+        for key in ("classes", "names", "name_suffixes"):
+            object.__setattr__(self, key, list(dict.fromkeys(getattr(self, key))))
+        return self
 
 
 class ZeroConfig(SectionModel):
@@ -194,7 +217,8 @@ class ZeroConfig(SectionModel):
     save_muon_momentum_buffer_in_memory: bool = False
     """Keep Muon's momentum buffer in memory when saving."""
     leaf_module: LeafModuleConfig = Field(default_factory=LeafModuleConfig)
-    """Modules ZeRO-3 treats as leaves."""
+    """Modules ZeRO-3 treats as leaves (stage 3; :func:`dscore.zero.set_z3_leaf_modules` does the same
+    from code)."""
 
     def elements(self, name: str) -> int:
         """An element-count field (``reduce_bucket_size``, ``prefetch_bucket_size``,

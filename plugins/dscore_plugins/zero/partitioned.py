@@ -63,7 +63,7 @@ from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
-from dscore.zero.reducer import GradientReducer, ReduceBucket
+from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore_plugins.zero.config import ZeroConfig
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
 from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
@@ -133,6 +133,16 @@ class PartitionedOptimizerStage(ZeroStage):
         self.precision = ctx.precision
         self.loss_scaler = ctx.loss_scaler
         self.check_overflow = bool(ctx.precision.check_overflow)
+        cfg = ctx.config
+        # dscore's mean: fp16 averages before summing (no overflow), otherwise the division is folded
+        # into the unscale/clip multiply of the step
+        fp16 = self.precision.compute_dtype == torch.float16
+        self.divisors = gradient_divisors(
+            op=cfg.gradient_allreduce_op, prescale=bool(cfg.prescale_gradients),
+            predivide=float(cfg.gradient_predivide_factor), world=self.world,
+            default=(float(self.world), 1.0) if fp16 else (1.0, float(self.world)),
+        )
+        self.comm_dtype = comm_dtype_of(cfg.communication_data_type)
 
         self.group_params = unique_trainable(ctx.param_groups)
         # MoE expert groups are partitioned and reduced over their expert-data-parallel group
@@ -174,6 +184,7 @@ class PartitionedOptimizerStage(ZeroStage):
                 free_grads=self.partition_gradients,
                 ordered=True,
                 max_inflight=_MAX_INFLIGHT,
+                comm_dtype=self.comm_dtype,
             )
             for comm, buckets in by_comm.values()
         ]
@@ -343,8 +354,8 @@ class PartitionedOptimizerStage(ZeroStage):
             timers.add("backward.bucket", sum(r.copy_seconds for r in self._reducers))
 
     def _begin(self, *, launch: bool, timed: bool = False) -> None:
-        # fp16: average before summing so the sum cannot overflow; stage 2 adds a window's micro steps
-        prescale = float(self.world) if self.world > 1 and self.precision.compute_dtype == torch.float16 else 1.0
+        # stage 2 adds a window's micro steps into the partitions
+        prescale = self.divisors[0]
         accumulate = self.partition_gradients and not self._fresh
         for r in self._reducers:
             r.begin(launch=launch, prescale=prescale, accumulate=accumulate, timed=timed)
@@ -364,6 +375,7 @@ class PartitionedOptimizerStage(ZeroStage):
             self._optimizer, masters=[m for ms in self.masters for m in ms], master_grads=self.master_grads, fresh=self._fresh,
             comm=self.comm, precision=self.precision, loss_scaler=self.loss_scaler, clip=self.clip, world=self.world,
             offload=self.offload, publish=self._all_gather_params, zero_grad=self._zero_buffers,
+            post_divisor=self.divisors[1],
         )
 
     @torch.no_grad()

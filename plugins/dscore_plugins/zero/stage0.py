@@ -12,9 +12,11 @@ fp32, ``FP16_Optimizer`` / ``FP16_UnfusedOptimizer`` for fp16 and bf16), restate
   window has a zero ``.grad`` (not ``None``), so optimizers with weight decay or momentum still update it,
   as under ``torch.nn.parallel.DistributedDataParallel(gradient_as_bucket_view=True)``.
 * **Reduction** at the boundary: sum all-reduce over the data-parallel group, divided by its size
-  (``gradient_allreduce_op: "mean"``; ``"sum"`` skips the division): by the world size before the sum,
-  or with ``prescale_gradients`` by ``gradient_predivide_factor`` f before and world/f after, as
-  DeepSpeed does. Nothing is communicated inside
+  (``gradient_allreduce_op: "mean"``; ``"sum"`` skips the division): by the world size before the sum;
+  with ``prescale_gradients`` also by the world size before; with ``gradient_predivide_factor`` f != 1 by
+  f before and world/f after, as DeepSpeed's engine does
+  (:func:`dscore.zero.reducer.gradient_divisors`). ``communication_data_type`` sets the dtype of the
+  all-reduce (each bucket converted, reduced and copied back). Nothing is communicated inside
   ``engine.no_sync()`` or with one rank.
 * **Step**: unscale by the loss scale, check for inf/NaN (fp16 always, bf16 when
   ``check_grad_overflow``), ask the loss scaler whether to skip, clip to ``gradient_clipping`` by the
@@ -51,7 +53,7 @@ from dscore.moe.utils import is_moe_param
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.optimizer import optimizer_state_bytes, unique_trainable
-from dscore.zero.reducer import GradientReducer, ReduceBucket
+from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore_plugins.zero.config import ZeroConfig
 
 __all__ = ["Stage0", "NoOpOptimizer"]
@@ -144,9 +146,11 @@ class Stage0(ZeroStage):
         self.loss_scaler = ctx.loss_scaler
         self.clip = float(cfg.gradient_clipping)
         self.check_overflow = bool(ctx.precision.check_overflow)
-        self._sum_op = cfg.gradient_allreduce_op == "sum"
-        self._prescale = bool(cfg.prescale_gradients)
-        self._predivide = float(cfg.gradient_predivide_factor)
+        self._divisor_pair = gradient_divisors(
+            op=cfg.gradient_allreduce_op, prescale=bool(cfg.prescale_gradients),
+            predivide=float(cfg.gradient_predivide_factor), world=ctx.comm.world_size,
+            default=(float(ctx.comm.world_size), 1.0),
+        )
         self.bucket_numel = ctx.section.elements("reduce_bucket_size")
         self.world_size = ctx.comm.world_size
         self.master_weights = ctx.precision.compute_dtype in (torch.float16, torch.bfloat16)
@@ -164,7 +168,8 @@ class Stage0(ZeroStage):
 
         def reducer(comm: Any, groups: list[_FlatGroup]) -> GradientReducer:
             return GradientReducer(comm, self._build_buckets(groups), reduce_scatter=False, ordered=True,
-                                   max_inflight=0, max_message=self.bucket_numel)  # fmt: skip
+                                   max_inflight=0, max_message=self.bucket_numel,
+                                   comm_dtype=comm_dtype_of(cfg.communication_data_type))  # fmt: skip
 
         self.reducer = reducer(ctx.comm, [g for g, n in zip(self.groups, expert_names) if not n])
         # per expert group name: (reducer over the EDP group, the EP group's comm, its flat groups); the
@@ -290,14 +295,7 @@ class Stage0(ZeroStage):
             self._reduce()
 
     def _divisors(self) -> tuple[float, float]:
-        # DeepSpeed's order: divide by the world size before the sum (or by gradient_predivide_factor
-        # with prescale_gradients, then by world/factor after it); "sum" divides by nothing.
-        world = self.world_size
-        if self._sum_op:
-            return 1.0, 1.0
-        if self._prescale:
-            return self._predivide, world / self._predivide
-        return float(world), 1.0
+        return self._divisor_pair
 
     def _local_gradients(self) -> bool:
         """True when the optimizer communicates itself and wants this rank's own gradients (1-bit Adam/Lamb

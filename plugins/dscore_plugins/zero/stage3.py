@@ -56,15 +56,16 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-from dscore.errors import ConfigError
+from dscore.errors import ConfigError, DistributedError
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.buffer_cache import GatherBufferCache
 from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
+from dscore.zero.leaf import apply_leaf_module_config, z3_leaf_module
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.partition import FlatUnit, unit_of
 from dscore.zero.quantize import DEFAULT_BLOCK as QUANT_BLOCK
-from dscore.zero.reducer import GradientReducer, ReduceBucket
+from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore_plugins.zero.config import ZeroConfig
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
 from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
@@ -244,8 +245,16 @@ class Stage3(ZeroStage):
         self.compute_dtype = ctx.precision.compute_dtype
         self.loss_scaler = ctx.loss_scaler
         self.check_overflow = bool(ctx.precision.check_overflow)
+        cfg = ctx.config
+        self.divisors = gradient_divisors(
+            op=cfg.gradient_allreduce_op, prescale=bool(cfg.prescale_gradients),
+            predivide=float(cfg.gradient_predivide_factor), world=self.world,
+            default=(float(self.world), 1.0) if self.compute_dtype == torch.float16 else (1.0, float(self.world)),
+        )
+        self.comm_dtype = comm_dtype_of(cfg.communication_data_type)
 
         module = ctx.module
+        apply_leaf_module_config(module, zc.leaf_module)
         self.group_params = unique_trainable(ctx.param_groups)
         refuse_expert_parameters(self.group_params, self.stage)
         key_of = {id(p): gi for gi, ps in enumerate(self.group_params) for p in ps}
@@ -267,6 +276,8 @@ class Stage3(ZeroStage):
                     units.append(st)
             if units:
                 self.module_units[mod] = units
+        self.module_names = {m: n for n, m in module.named_modules()}
+        self.leaf_units = self._merge_leaves(module)
         self.device = device or torch.device("cpu")
         if self.device.type == "cpu" or self.offload_param:
             apply_host_malloc_policy()
@@ -303,19 +314,25 @@ class Stage3(ZeroStage):
             self._hooks.append(mod.register_forward_hook(self._post_forward))
         # every trainable unit is one bucket; launched as soon as it is complete (every rank runs the same
         # graph, so units complete in the same order everywhere), and released right after the launch
+        buckets = [
+            UnitBucket(s, self.master_grads[s.key][s.part_offset : s.part_offset + s.unit.chunk], self.world)
+            for s in self.units
+            if s.trainable
+        ]
+        for b in buckets:  # a leaf's units: the rank may not use all of them; reduced by flush, in order
+            b.defer = id(b.state.unit) in self.leaf_units
+        # the collectives of this micro step, (unit index, 0 gather / 1 reduce): compared across ranks
+        self._collectives: list[tuple[int, int]] = []
         self.reducer = GradientReducer(
             self.comm,
-            [
-                UnitBucket(s, self.master_grads[s.key][s.part_offset : s.part_offset + s.unit.chunk], self.world)
-                for s in self.units
-                if s.trainable
-            ],
+            buckets,
             reduce_scatter=self.use_reduce_scatter,
             copy_on_hook=True,
             free_grads=True,
             ordered=False,
             max_inflight=_MAX_INFLIGHT,
             on_launched=self._reduce_launched,
+            comm_dtype=self.comm_dtype,
         )
         self._hooks.extend(self.reducer.register_hooks())
         log.info(
@@ -325,6 +342,33 @@ class Stage3(ZeroStage):
         )
 
     # ------------------------------------------------------------------ construction
+    def _merge_leaves(self, module: torch.nn.Module) -> set[int]:
+        """Give each outermost ZeRO-3 leaf module the units of its whole subtree and take its submodules'
+        away (they get no hooks). Marks the leaf's parameters (``ds_z3_leaf_module``, as DeepSpeed).
+
+        Returns:
+            ``id`` of every unit inside a leaf.
+        """
+        inside: set[int] = set()
+        done: set[torch.nn.Module] = set()
+        for leaf in module.modules():
+            if leaf in done or not z3_leaf_module(leaf):
+                continue
+            units: list[_UnitState] = []
+            for sub in leaf.modules():
+                done.add(sub)
+                for st in self.module_units.pop(sub, []):
+                    if st not in units:
+                        units.append(st)
+            for p in leaf.parameters():
+                p.ds_z3_leaf_module = leaf  # type: ignore[attr-defined]
+            if units:
+                self.module_units[leaf] = units
+                inside.update(id(st.unit) for st in units)
+            log.info("ZeRO stage 3: %r (%s) is a leaf module: %d unit(s) gathered together",
+                     self.module_names.get(leaf, "?"), type(leaf).__name__, len(units))
+        return inside
+
     @torch.no_grad()
     def _make_units(
         self, mod: torch.nn.Module, params: list[torch.nn.Parameter], key_of: dict[int, int], owner: dict[int, _UnitState]
@@ -458,6 +502,7 @@ class Stage3(ZeroStage):
             return
         if not u.gathered:
             self._make_room(u.numel)
+            self._collectives.append((s.index, 0))
             u.gather(async_op=async_op, quantized=True)  # training gathers: ZeRO++ quantized when enabled
         elif not async_op:
             u.wait()
@@ -563,6 +608,7 @@ class Stage3(ZeroStage):
 
     def _reduce_launched(self, b: ReduceBucket) -> None:
         assert isinstance(b, UnitBucket)
+        self._collectives.append((b.state.index, 1))
         self._in_use.discard(id(b.state.unit))
         self._release(b.state)
 
@@ -610,8 +656,7 @@ class Stage3(ZeroStage):
                 self._trace_pos = {m: i for i, m in enumerate(self._trace)}
             self._recording = None
         timers = active_timers()
-        prescale = float(self.world) if self.world > 1 and self.compute_dtype == torch.float16 else 1.0
-        self.reducer.begin(launch=self.overlap, prescale=prescale, accumulate=not self._fresh, timed=timers is not None)
+        self.reducer.begin(launch=self.overlap, prescale=self.divisors[0], accumulate=not self._fresh, timed=timers is not None)
         try:
             loss.backward(retain_graph=retain_graph)
         finally:
@@ -626,6 +671,87 @@ class Stage3(ZeroStage):
         self._in_use.clear()
         for s in list(self._gathered.values()):
             self._release(s)
+        self._check_same_collectives()
+
+    def _check_same_collectives(self) -> None:
+        """Refuse a micro step in which ranks issued different gathers/reductions (ran different modules).
+
+        Stage 3 issues collectives from module hooks; a rank that skipped or added a module paired its
+        collectives with other units on the other ranks, so its gradients are wrong. One all-reduce of a
+        fingerprint per micro step (4 int64) detects that before any optimizer step uses them.
+
+        Raises:
+            DistributedError: the sequences differ; names the first differing module on each rank and
+                how to make it a ZeRO-3 leaf (identical on every rank).
+        """
+        seq, self._collectives = self._collectives, []
+        if self.world == 1:
+            return
+        h = hash(tuple(seq)) & ((1 << 62) - 1)
+        fp = torch.tensor([h, len(seq), -h, -len(seq)], dtype=torch.int64, device=self.device)
+        self.comm.all_reduce(fp, op="max")
+        if int(fp[0]) == -int(fp[2]) and int(fp[1]) == -int(fp[3]):
+            return
+        every = self.comm.all_gather_object(seq)
+        raise DistributedError(self._divergence_message(every))
+
+    def _unit_module(self, index: int) -> torch.nn.Module | None:
+        u = self.units[index]
+        return next((m for m, us in self.module_units.items() if u in us), None)
+
+    def _divergence_message(self, every: list[list[tuple[int, int]]]) -> str:
+        n = min(len(s) for s in every)
+        pos = next((i for i in range(n) if len({s[i] for s in every}) > 1), n)
+        kinds = ("gathered the parameters of", "reduced the gradients of")
+        mods: list[torch.nn.Module] = []
+        lines = []
+        for r, s in enumerate(every):
+            if pos < len(s):
+                m = self._unit_module(s[pos][0])
+                if m is not None:
+                    mods.append(m)
+                lines.append(f"rank {r} {kinds[s[pos][1]]} {self.module_names.get(m, '?')!r}" if m is not None
+                             else f"rank {r} {kinds[s[pos][1]]} unit {s[pos][0]}")
+            else:
+                lines.append(f"rank {r} issued no more collectives")
+        suggest = self._leaf_candidate(mods)
+        hint = (
+            f'zero_optimization.leaf_module {{"classes": ["{type(suggest).__name__}"]}} or '
+            f"dscore.zero.set_z3_leaf_modules(model, [{type(suggest).__name__}]) (module "
+            f"{self.module_names.get(suggest, '?')!r})"
+            if suggest is not None
+            else 'zero_optimization.leaf_module {"classes": [...]} or dscore.zero.set_z3_leaf_modules(model, [...])'
+        )
+        return (
+            f"ZeRO stage 3: the ranks ran different modules in this micro step (collective #{pos}: "
+            + "; ".join(lines)
+            + "). Stage 3 gathers each module's parameters from its forward hook, so every rank must run the "
+            "same modules in the same order; this micro step's gradients are wrong and no optimizer step was "
+            "taken with them. Flag the block whose submodules run per rank (e.g. a mixture-of-experts block "
+            f"skipping experts without tokens) as a ZeRO-3 leaf before dscore.initialize: {hint}."
+        )
+
+    def _leaf_candidate(self, mods: list[torch.nn.Module]) -> torch.nn.Module | None:
+        """The innermost module containing all of ``mods`` that has its own forward (not a container)."""
+        names = [self.module_names.get(m) for m in mods]
+        if not names or any(n is None for n in names):
+            return None
+        parts = [n.split(".") if n else [] for n in names]  # type: ignore[union-attr]
+        common: list[str] = []
+        for segs in zip(*parts):
+            if len(set(segs)) > 1:
+                break
+            common.append(segs[0])
+        if len(set(names)) == 1:  # one module ran on some ranks only: its parent decides
+            common = common[:-1]
+        by_name = {n: m for m, n in self.module_names.items()}
+        while True:
+            m = by_name.get(".".join(common))
+            if m is not None and not isinstance(m, torch.nn.ModuleList | torch.nn.ModuleDict):
+                return m
+            if not common:
+                return None
+            common.pop()
 
     def step(self) -> StepOutcome:
         """Unscale, overflow check, global-norm clip, optimizer step, refresh partitions, zero grads."""
@@ -633,6 +759,7 @@ class Stage3(ZeroStage):
             self._optimizer, masters=[m for m in self.masters if m is not None], master_grads=self.master_grads, fresh=self._fresh,
             comm=self.comm, precision=self.precision, loss_scaler=self.loss_scaler, clip=self.clip, world=self.world,
             offload=self.offload_opt, publish=self._masters_to_partitions, zero_grad=self.zero_grad,
+            post_divisor=self.divisors[1],
         )
 
     @torch.no_grad()

@@ -40,6 +40,7 @@ def step_partitions(
     clip: float,
     world: int,
     offload: bool,
+    post_divisor: float | None = None,
     publish: Callable[[], None],
     zero_grad: Callable[[], None],
 ) -> StepOutcome:
@@ -51,6 +52,8 @@ def step_partitions(
         master_grads: the fp32 gradient partitions (reduced, summed over ranks).
         fresh: True when no reduction wrote the gradient partitions in this window (they are zeroed).
         offload: the optimizer state lives on the host (``offload_optimizer``).
+        post_divisor: what the reduced gradients still must be divided by (the ``post`` of
+            :func:`dscore.zero.reducer.gradient_divisors`); None: the precision's default.
         publish: copies the updated partitions into the parameters (runs after an applied step).
         zero_grad: the stage's ``zero_grad`` (runs last, applied or not).
     """
@@ -61,7 +64,7 @@ def step_partitions(
     t0 = clock(timers)
     norm, skip, overflow = unscale_clip_for_step(
         [g for g in master_grads if g.numel()], comm, precision=precision, loss_scaler=loss_scaler, clip=clip,
-        world=world,
+        world=world, post_divisor=post_divisor,
     )
     if skip:
         zero_grad()
