@@ -147,8 +147,35 @@ SCENARIOS = [
 ]
 
 
+def _deepcopy_inside_gathered() -> dict[str, Any]:
+    """Item 7: ``copy.deepcopy(model)`` inside ``GatheredParameters`` of a stage-3 model gives a plain
+    module with the full values, and the engine keeps training."""
+    import copy
+
+    import dscore
+    from dscore.zero import GatheredParameters
+
+    model = make_model()
+    engine, *_ = dscore.initialize(model=model, model_parameters=model.parameters(), config=config(3))
+    with GatheredParameters(list(model.parameters())):
+        twin = copy.deepcopy(model)
+    full = engine.zero_stage_impl.module_state_dict()
+    x, y = batches(True)[0]
+    with torch.no_grad():
+        same_out = bool(torch.allclose(twin(x), engine(x)))
+    engine.backward(F.mse_loss(engine(x), y))
+    engine.step()
+    return {
+        "same_values": all(torch.equal(twin.state_dict()[k], v) for k, v in full.items()),
+        "same_out": same_out,
+        "twin_hooks_inert": all(
+            getattr(h, "__name__", "") == "_no_hook" for m in twin.modules() for h in m._forward_pre_hooks.values()
+        ),
+    }
+
+
 def _all() -> list[dict[str, Any]]:
-    return [_train(*s) for s in SCENARIOS]
+    return [_train(*s) for s in SCENARIOS] + [_deepcopy_inside_gathered()]
 
 
 @pytest.mark.slow
@@ -156,6 +183,7 @@ def test_zero3_moe_divergent_experts_right_or_refused() -> None:
     results = run_distributed(_all, WORLD, timeout=300)
     refs = {mixed: reference(mixed) for mixed in (False, True)}
     for rank, rank_results in enumerate(results):
+        assert rank_results[-1] == {"same_values": True, "same_out": True, "twin_hooks_inert": True}
         for (stage, mixed, how), res in zip(SCENARIOS, rank_results):
             if (stage, mixed, how) == (3, False, "none"):
                 assert "params" not in res, f"rank {rank}: stage 3 trained a divergent graph without a leaf"

@@ -163,6 +163,32 @@ class UnitBucket(ReduceBucket):
         self.state = state
 
 
+def _no_hook(*args: Any) -> None:
+    """What a deep copy of a stage-3 module hook becomes (see :class:`_ModuleHook`)."""
+    return None
+
+
+class _ModuleHook:
+    """A stage-3 forward (pre-)hook on a user module.
+
+    ``copy.deepcopy(model)`` (e.g. inside ``GatheredParameters``, to make a reference or EMA model) copies
+    the modules' hook dicts; a bound method there would deep-copy the whole stage, its comm and process
+    group (``TypeError: cannot pickle 'module' object``). The copy instead gets a no-op hook: it is a plain
+    module holding the values it was copied with, not managed by the engine.
+    """
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return _no_hook
+
+
 class Stage3ParameterManager:
     """What ZeRO stage 3 returns as ``engine.optimizer`` when there is no optimizer (inference, evaluation).
 
@@ -310,8 +336,8 @@ class Stage3(ZeroStage):
         self._hooks: list[Any] = []
         self._may_evict = sum(s.unit.numel for s in self.units if not s.unit.persistent) > self.max_live
         for mod in self.module_units:
-            self._hooks.append(mod.register_forward_pre_hook(self._pre_forward))
-            self._hooks.append(mod.register_forward_hook(self._post_forward))
+            self._hooks.append(mod.register_forward_pre_hook(_ModuleHook(self._pre_forward)))
+            self._hooks.append(mod.register_forward_hook(_ModuleHook(self._post_forward)))
         # every trainable unit is one bucket; launched as soon as it is complete (every rank runs the same
         # graph, so units complete in the same order everywhere), and released right after the launch
         buckets = [
