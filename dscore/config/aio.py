@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
-from dscore.config.base import PositiveInt, SectionModel
+from dscore.config.base import PositiveInt, SectionModel, not_implemented
 from dscore.errors import ConfigError
 
 __all__ = ["AioConfig", "AIO_ALIGNMENT"]
@@ -43,7 +43,7 @@ class AioConfig(SectionModel):
     """Submit requests to the kernel one at a time instead of in batches."""
     overlap_events: bool = True
     """Submit new requests as earlier ones complete, instead of submitting a batch and reaping all of it."""
-    use_gds: bool = False
+    use_gds: bool = Field(default=False, json_schema_extra=not_implemented("GPUDirect Storage"))
     """GPUDirect Storage; refused when true (dscore's async_io op transfers host memory only)."""
 
     @field_validator("block_size")

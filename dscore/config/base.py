@@ -36,6 +36,9 @@ __all__ = [
     "PositiveFloat",
     "NonNegativeFloat",
     "is_auto",
+    "no_effect",
+    "not_implemented",
+    "field_status",
 ]
 
 #: The pydantic settings every ds_config model uses: unknown keys rejected, attribute docstrings become
@@ -99,6 +102,29 @@ Float = Annotated[float, BeforeValidator(_reject_bool), AfterValidator(_finite)]
 PositiveFloat = Annotated[float, BeforeValidator(_reject_bool), AfterValidator(_finite), Field(gt=0)]
 #: A finite float >= 0.
 NonNegativeFloat = Annotated[float, BeforeValidator(_reject_bool), AfterValidator(_finite), Field(ge=0)]
+
+
+def no_effect(reason: str) -> dict[str, Any]:
+    """``json_schema_extra`` of a field dscore accepts but that changes nothing (a DeepSpeed tuning knob):
+    setting it logs a warning naming its key path and ``reason``. Listed as *warned* by
+    ``python -m dscore.config.audit``."""
+    return {"dscore_status": "warned", "dscore_reason": reason}
+
+
+def not_implemented(reason: str) -> dict[str, Any]:
+    """``json_schema_extra`` of a field whose non-default values would change training and that dscore does
+    not implement: such a value is a :class:`dscore.errors.ConfigError` naming the key path and ``reason``
+    (the default is accepted). Listed as *refused* by ``python -m dscore.config.audit``."""
+    return {"dscore_status": "refused", "dscore_reason": reason}
+
+
+def field_status(field: Any) -> tuple[str, str] | None:
+    """``("warned" | "refused", reason)`` from a pydantic ``FieldInfo`` marked with :func:`no_effect` /
+    :func:`not_implemented`, else None."""
+    extra = getattr(field, "json_schema_extra", None)
+    if isinstance(extra, dict) and extra.get("dscore_status") in ("warned", "refused"):
+        return str(extra["dscore_status"]), str(extra.get("dscore_reason", ""))
+    return None
 
 
 class SectionModel(BaseModel):

@@ -9,7 +9,9 @@ Mirrors DeepSpeed's ``_do_error_check`` / ``_initialize_params``:
   ``bf16.bf16_optimizer_states`` need stage >= 1; ``bf16_optimizer_states`` also needs
   ``bf16_master_weights_and_grads``,
 * ``gradient_allreduce_op: "sum"`` is refused with stage 3,
-* ``data_types.param_dtype`` must match the enabled precision,
+* ``data_types.param_dtype`` must match the enabled precision, ``data_types.grad_accum_dtype`` the dtype
+  the stage accumulates gradients in (the model's dtype at stages 0-1, fp32 at stages 2-3),
+* ``zero_optimization.compute_grad_norm: false`` needs ``gradient_clipping: 0`` and no optimizer offload,
 * an enabled monitor section (``tensorboard``, ``csv_monitor``, ``wandb``, ``comet``) needs a registered
   monitor with that ``config_key``.
 """
@@ -47,6 +49,10 @@ def _check_zero_implementation(implementation: str | None, stage: int, registry:
         prefix = "zero_optimization.implementation: "
         return [_problem("zero_optimization.implementation", text[len(prefix) :] if text.startswith(prefix) else text)]
     return []
+
+
+def _offload_device_of(zero: object, name: str) -> str:
+    return str(getattr(getattr(zero, name, None), "device", "none"))
 
 
 def cross_check(cfg: DscoreConfig, registry: Registry) -> list[Problem]:
@@ -93,9 +99,31 @@ def cross_check(cfg: DscoreConfig, registry: Registry) -> list[Problem]:
         problems.append(_problem("bf16.bf16_optimizer_states", "requires bf16.bf16_master_weights_and_grads: true"))
     if cfg.gradient_allreduce_op == "sum" and stage == 3:
         problems.append(_problem("gradient_allreduce_op", "'sum' is not supported with ZeRO stage 3; use 'mean'"))
+    mode = "fp16" if cfg.fp16_enabled else "bf16" if cfg.bf16_enabled else "fp32"
+    acc = cfg.data_types.grad_accum_dtype
+    if acc is not None:
+        # stage 0 and 1 accumulate in the model's dtype; stages 2-3 reduce every micro step into fp32 partitions
+        actual = "fp32" if stage >= 2 else mode
+        if acc != actual:
+            problems.append(
+                _problem(
+                    "data_types.grad_accum_dtype",
+                    f"{acc!r}: dscore accumulates gradients in {actual} at ZeRO stage {stage} with {mode} "
+                    f"training; remove the key, set it to {actual!r}, or use "
+                    + ("stage 2 or 3 for fp32 accumulation" if acc == "fp32" else "another stage"),
+                )
+            )
+    if zero is not None and getattr(zero, "compute_grad_norm", True) is False:
+        if cfg.gradient_clipping > 0:
+            problems.append(
+                _problem("zero_optimization.compute_grad_norm", "false requires gradient_clipping: 0 (as DeepSpeed)")
+            )
+        if _offload_device_of(zero, "offload_optimizer") in ("cpu", "nvme"):
+            problems.append(
+                _problem("zero_optimization.compute_grad_norm", "false does not support offload_optimizer (as DeepSpeed)")
+            )
     param_dtype = cfg.data_types.param_dtype
     if param_dtype is not None:
-        mode = "fp16" if cfg.fp16_enabled else "bf16" if cfg.bf16_enabled else "fp32"
         if param_dtype != mode:
             problems.append(
                 _problem("data_types.param_dtype", f"{param_dtype!r} does not match the enabled precision {mode!r}")

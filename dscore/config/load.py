@@ -25,6 +25,7 @@ from dscore.config.batch import BATCH_KEYS, resolve_batch
 from dscore.config.checks import cross_check
 from dscore.config.components import validate_components
 from dscore.config.errors import Problem, format_path, problems_from_validation, raise_problems
+from dscore.config.field_policy import apply_field_policies
 from dscore.config.keys import DEEPSPEED_KEYS
 from dscore.config.legacy import apply_key_policies, migrate_sections
 from dscore.config.loader import read_source
@@ -238,6 +239,7 @@ def load_config(
                 warn(f"{message} (ignored because strict is false)")
     if cfg is not None:
         problems += cross_check(cfg, registry)
+        problems += apply_field_policies(cfg, warn)
     raise_problems(_dedupe(problems), source=name)
     assert cfg is not None and batch_ok  # a failed batch triangle left a problem, raised above
     cfg._warnings = warnings

@@ -21,6 +21,8 @@ from dscore.config.base import (
     PositiveFloat,
     PositiveInt,
     SectionModel,
+    no_effect,
+    not_implemented,
 )
 from dscore.config.parallel import TensorParallelConfig
 from dscore.errors import ConfigError, PluginConflictError, PluginLoadError
@@ -86,7 +88,7 @@ class OptimizerConfig(SectionModel):
     params: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the optimizer, validated by the optimizer plugin's ``params_model`` (its
     defaults are not injected here). ``max_grad_norm`` is refused: use ``gradient_clipping``."""
-    legacy_fusion: bool = False
+    legacy_fusion: bool = Field(default=False, json_schema_extra=no_effect("DeepSpeed's legacy fused-optimizer switch"))
     """DeepSpeed's legacy fused-optimizer switch; kept for compatibility, no effect in dscore."""
 
 
@@ -102,7 +104,9 @@ class SchedulerConfig(SectionModel):
 class ParallelWriteConfig(SectionModel):
     """``checkpoint.parallel_write``."""
 
-    pipeline_stage: StrictBool = False
+    pipeline_stage: StrictBool = Field(
+        default=False, json_schema_extra=no_effect("a write-parallelism knob; dscore's pipeline engine writes per-stage files itself")
+    )
     """Write checkpoints in parallel per pipeline stage (must be a JSON boolean)."""
 
 
@@ -114,11 +118,15 @@ class CheckpointConfig(SectionModel):
     mismatch) or ``Fail`` (raise). Case-insensitive; stored upper-case."""
     load_universal: bool = False
     """Load a universal (reshapeable) checkpoint (reads ``latest_universal``)."""
-    use_node_local_storage: bool = False
+    use_node_local_storage: bool = Field(
+        default=False, json_schema_extra=not_implemented("node-local checkpoint storage: dscore writes to the shared save_dir")
+    )
     """Each node writes to its own local storage (rank 0 of every node saves)."""
     parallel_write: ParallelWriteConfig = Field(default_factory=ParallelWriteConfig)
     """Parallel checkpoint writing options."""
-    checkpoint_serialization: bool = True
+    checkpoint_serialization: bool = Field(
+        default=True, json_schema_extra=no_effect("dscore always writes torch's zipfile format or safetensors")
+    )
     """Use torch's zipfile serialization for checkpoint files."""
     writer: dict[str, Any] | None = None
     """Options of a custom checkpoint writer (``type`` plus its arguments), or ``None``."""
@@ -138,9 +146,13 @@ class DataTypesConfig(SectionModel):
     """dtype gradients are accumulated in (``fp32``, ``fp16``, ``bf16``); ``None`` = the model's dtype."""
     param_dtype: str | None = None
     """dtype of the trained parameters; must match the enabled precision mode when set."""
-    buffer_dtype: str | None = None
+    buffer_dtype: str | None = Field(
+        default=None, json_schema_extra=not_implemented("casting module buffers to another dtype")
+    )
     """dtype of module buffers; ``None`` = unchanged."""
-    keep_in_fp32_modules: Literal["auto"] | list[str] = "auto"
+    keep_in_fp32_modules: Literal["auto"] | list[str] = Field(
+        default="auto", json_schema_extra=not_implemented("keeping named modules' buffers in fp32 under fp16/bf16")
+    )
     """Module names kept in fp32 under fp16/bf16, or ``"auto"`` (the model's own list)."""
 
     @field_validator("grad_accum_dtype", "param_dtype", "buffer_dtype", mode="before")

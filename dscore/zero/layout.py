@@ -257,9 +257,14 @@ def load_partitioned_state(
     load_optimizer_states: bool,
     masters_loaded: Callable[[bool], None],
     ranks: dict[int, int] | None = None,
+    load_fp32_masters: bool = True,
 ) -> None:
     """Restore :func:`partitioned_state_dict` output saved at any world size (``ranks``: as
     :func:`load_optimizer_state`).
+
+    ``load_fp32_masters=False`` (``zero_optimization.load_from_fp32_weights: false``, as DeepSpeed) leaves
+    the saved fp32 master weights unread: the masters are rebuilt from the (already loaded) 16-bit module
+    weights, the optimizer state is still restored.
 
     With ``load_optimizer_states`` and saved ``fp32_params``, this rank's chunks are scattered into the
     master partitions (``pairs``) and ``masters_loaded(True)`` runs (the stage copies masters into its
@@ -270,7 +275,7 @@ def load_partitioned_state(
         KeyError: a parameter of the layout is missing from ``fp32_params``.
         ConfigError: the number of optimizer parameter groups differs.
     """
-    fp32 = state.get("fp32_params") if load_optimizer_states else None
+    fp32 = state.get("fp32_params") if load_optimizer_states and load_fp32_masters else None
     with torch.no_grad():
         if fp32:
             for m, lay in pairs:

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import NonNegativeInt, StrictBool, StrictStr
+from pydantic import Field, NonNegativeInt, StrictBool, StrictStr
 
-from dscore.config.base import PositiveInt, SectionModel
+from dscore.config.base import PositiveInt, SectionModel, no_effect
+
+_TP1 = "dscore has no tensor parallelism (size 1), where the split is the whole tensor"
 
 __all__ = ["PipelineConfig"]
 
@@ -38,7 +40,7 @@ class PipelineConfig(SectionModel):
     """Layers are seeded with ``base_seed + index`` before being built (must match the module)."""
     activation_checkpoint_interval: NonNegativeInt = 0
     """Layers per activation-checkpointed chunk (0 = the module's setting)."""
-    pipe_partitioned: StrictBool = True
+    pipe_partitioned: StrictBool = Field(True, json_schema_extra=no_effect(_TP1))
     """Split activations across the tensor-parallel group (size 1 in dscore: no effect)."""
-    grad_partitioned: StrictBool = True
+    grad_partitioned: StrictBool = Field(True, json_schema_extra=no_effect(_TP1))
     """Split gradients across the tensor-parallel group (size 1 in dscore: no effect)."""

@@ -6,7 +6,9 @@ monitors cover tensorboard, csv_monitor and wandb, so ``comet.enabled: true`` is
 
 from __future__ import annotations
 
-from dscore.config.base import PositiveInt, SectionModel
+from pydantic import Field
+
+from dscore.config.base import PositiveInt, SectionModel, no_effect
 
 __all__ = ["TensorBoardConfig", "CsvMonitorConfig", "WandbConfig", "CometConfig"]
 
@@ -46,24 +48,27 @@ class WandbConfig(SectionModel):
     """W&B project."""
 
 
+_NO_COMET = "dscore has no Comet monitor (comet.enabled: true is refused)"
+
+
 class CometConfig(SectionModel):
     """``comet``: log to Comet ML (no built-in dscore monitor yet: enabling it is refused)."""
 
     enabled: bool = False
     """Log to Comet."""
-    samples_log_interval: PositiveInt = 100
+    samples_log_interval: PositiveInt = Field(100, json_schema_extra=no_effect(_NO_COMET))
     """Log every N samples."""
-    project: str | None = None
+    project: str | None = Field(None, json_schema_extra=no_effect(_NO_COMET))
     """Comet project."""
-    workspace: str | None = None
+    workspace: str | None = Field(None, json_schema_extra=no_effect(_NO_COMET))
     """Comet workspace."""
-    api_key: str | None = None
+    api_key: str | None = Field(None, json_schema_extra=no_effect(_NO_COMET))
     """Comet API key (prefer the COMET_API_KEY variable)."""
-    experiment_name: str | None = None
+    experiment_name: str | None = Field(None, json_schema_extra=no_effect(_NO_COMET))
     """Name of the experiment."""
-    experiment_key: str | None = None
+    experiment_key: str | None = Field(None, json_schema_extra=no_effect(_NO_COMET))
     """Key of an existing experiment to continue."""
-    online: bool | None = None
+    online: bool | None = Field(None, json_schema_extra=no_effect(_NO_COMET))
     """Log online (true) or offline (false)."""
-    mode: str | None = None
+    mode: str | None = Field(None, json_schema_extra=no_effect(_NO_COMET))
     """Comet start mode (``"get"``, ``"create"``, ``"get_or_create"``)."""

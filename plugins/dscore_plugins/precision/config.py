@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from dscore.config.base import Float, Int, NonNegativeFloat, SectionModel
+from dscore.config.base import Float, Int, NonNegativeFloat, SectionModel, not_implemented
 
 __all__ = ["Fp16Config", "Bf16Config", "TorchAutocastConfig"]
 
@@ -83,7 +83,9 @@ class Bf16Config(SectionModel):
 
     enabled: bool = False
     """Train with bf16 parameters and activations."""
-    immediate_grad_update: bool = False
+    immediate_grad_update: bool = Field(
+        False, json_schema_extra=not_implemented("accumulating bf16 gradients into fp32 during backward")
+    )
     """Apply gradients to the fp32 master copy as soon as they are produced."""
     check_grad_overflow: bool = True
     """Skip the step when a gradient is inf/NaN (default true since DeepSpeed 0.19)."""
@@ -101,7 +103,9 @@ class TorchAutocastConfig(SectionModel):
     dtype: str | None = None
     """Autocast dtype: ``fp16``/``float16``/``half``, ``bf16``/``bfloat16``, ``fp32``/``float``, ``int8``
     (case-insensitive, stored canonical); ``None`` = the accelerator's default."""
-    lower_precision_safe_modules: list[str] | None = None
+    lower_precision_safe_modules: list[str] | None = Field(
+        None, json_schema_extra=not_implemented("per-module low-precision communication under torch_autocast")
+    )
     """Qualified class names of modules whose weights may be communicated in the lower precision."""
 
     @field_validator("dtype", mode="before")

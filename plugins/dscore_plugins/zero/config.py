@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, StrictBool, field_validator, model_validator
 
-from dscore.config.base import Float, Int, NonNegativeInt, PositiveInt, SectionModel
+from dscore.config.base import Float, Int, NonNegativeInt, PositiveInt, SectionModel, no_effect, not_implemented
 from dscore.errors import ConfigError
 
 __all__ = ["OffloadParamConfig", "OffloadOptimizerConfig", "LeafModuleConfig", "ZeroConfig"]
@@ -75,13 +75,13 @@ class OffloadOptimizerConfig(_Offload):
     """Overlap reading the next sub-group's state from NVMe with the step."""
     pipeline_write: bool = False
     """Overlap writing the previous sub-group's state to NVMe with the step."""
-    fast_init: bool = False
+    fast_init: bool = Field(False, json_schema_extra=no_effect("a DeepSpeed NVMe start-up speed knob; dscore initialises swap files its own way"))
     """Initialise NVMe-offloaded state quickly (skip zero-filling)."""
-    ratio: Ratio = 1.0
+    ratio: Ratio = Field(1.0, json_schema_extra=not_implemented("partial optimizer offload (DeepSpeed's Twin-Flow); dscore offloads all of it"))
     """Fraction of the optimizer state offloaded (0..1); below 1 needs ZeRO stage 3."""
-    super_offload: bool = False
+    super_offload: bool = Field(False, json_schema_extra=not_implemented("DeepSpeed SuperOffload"))
     """DeepSpeed SuperOffload (CPU optimizer pipelining on superchips)."""
-    cpuadam_cores_perc: Annotated[Float, Field(gt=0.0, le=1.0)] = 0.8
+    cpuadam_cores_perc: Annotated[Float, Field(gt=0.0, le=1.0)] = Field(0.8, json_schema_extra=no_effect("dscore's CPU optimizer uses torch's intra-op threads (OMP_NUM_THREADS)"))
     """Fraction of CPU cores the CPU optimizer uses."""
 
     @property
@@ -145,7 +145,7 @@ class ZeroConfig(SectionModel):
     """Reduce gradients with reduce-scatter instead of all-reduce (stages 1-2)."""
     reduce_bucket_size: PositiveInt | Literal["auto"] = 500_000_000
     """Elements reduced per bucket (> 0; ``"auto"`` = hidden_size**2)."""
-    use_multi_rank_bucket_allreduce: bool = True
+    use_multi_rank_bucket_allreduce: bool = Field(True, json_schema_extra=no_effect("a DeepSpeed communication tuning knob; dscore reduces each bucket with one collective"))
     """Combine buckets bound for several ranks into one all-reduce."""
     allgather_partitions: bool = True
     """All-gather updated partitions (true) or broadcast them rank by rank (false)."""
@@ -153,11 +153,12 @@ class ZeroConfig(SectionModel):
     """Elements all-gathered per bucket."""
     overlap_comm: bool | None = None
     """Overlap gradient reduction with backward; ``None`` resolves to ``stage == 3``."""
-    compute_grad_norm: bool = True
+    compute_grad_norm: bool = Field(True, json_schema_extra=no_effect("dscore computes the global norm anyway (one scalar all-reduce; engine.get_global_grad_norm() returns it); DeepSpeed's other conditions (gradient_clipping 0, no offload) are checked"))
     """Compute the global gradient norm; false (no clipping, no norm logging) only for stages 1 and 2."""
     load_from_fp32_weights: bool = True
-    """Initialise fp32 master weights from the checkpoint's fp32 copy rather than the 16-bit model."""
-    elastic_checkpoint: bool = False
+    """Stages 1-3, loading a checkpoint: restore the fp32 master weights from the checkpoint's fp32 copy
+    (true) or rebuild them from the loaded 16-bit module weights (false; optimizer state is still loaded)."""
+    elastic_checkpoint: bool = Field(False, json_schema_extra=no_effect("dscore's ZeRO checkpoints always load at any data-parallel world size"))
     """Save optimizer state so it can be loaded with a different data-parallel size (stages 1-2)."""
     offload_param: OffloadParamConfig | None = None
     """Parameter offload (stage 3), or ``None``; ``{}`` gives ``device: "none"``."""
@@ -172,7 +173,7 @@ class ZeroConfig(SectionModel):
         100_000, alias="stage3_param_persistence_threshold"
     )
     """Parameters smaller than this many elements stay unpartitioned (stage 3; ``"auto"`` = 10 * hidden_size)."""
-    model_persistence_threshold: NonNegativeInt = Field(sys.maxsize, alias="stage3_model_persistence_threshold")
+    model_persistence_threshold: NonNegativeInt = Field(sys.maxsize, alias="stage3_model_persistence_threshold", json_schema_extra=no_effect("dscore keeps every unit under stage3_param_persistence_threshold gathered, without a total cap"))
     """Upper bound on the total elements kept unpartitioned (stage 3)."""
     max_live_parameters: NonNegativeInt = Field(1_000_000_000, alias="stage3_max_live_parameters")
     """Parameter elements kept gathered at once before releasing (stage 3)."""
@@ -180,21 +181,21 @@ class ZeroConfig(SectionModel):
     """Keep a gathered parameter if it is reused within this many elements of fetches (stage 3)."""
     gather_16bit_weights_on_model_save: bool = Field(False, alias="stage3_gather_16bit_weights_on_model_save")
     """Gather a full 16-bit state dict when saving the model (stage 3)."""
-    module_granularity_threshold: NonNegativeInt = Field(0, alias="stage3_module_granularity_threshold")
+    module_granularity_threshold: NonNegativeInt = Field(0, alias="stage3_module_granularity_threshold", json_schema_extra=no_effect("a DeepSpeed hook-overhead knob; set leaf modules explicitly (leaf_module, set_z3_leaf_modules)"))
     """Fetch modules with fewer parameters than this as one leaf (stage 3; 0 disables)."""
-    use_all_reduce_for_fetch_params: bool = Field(False, alias="stage3_use_all_reduce_for_fetch_params")
+    use_all_reduce_for_fetch_params: bool = Field(False, alias="stage3_use_all_reduce_for_fetch_params", json_schema_extra=no_effect("a DeepSpeed communication tuning knob; dscore gathers with all-gather"))
     """Fetch parameters with all-reduce instead of all-gather (stage 3)."""
-    allgather_sequential: bool = Field(False, alias="stage3_allgather_sequential")
+    allgather_sequential: bool = Field(False, alias="stage3_allgather_sequential", json_schema_extra=no_effect("a DeepSpeed communication tuning knob; dscore gathers each unit with one all-gather"))
     """All-gather parameters one at a time (stage 3)."""
-    ignore_unused_parameters: bool = True
+    ignore_unused_parameters: bool = Field(True, json_schema_extra=no_effect("dscore always treats a parameter without a gradient as a zero gradient, at every stage"))
     """Tolerate parameters that receive no gradient (stage 2 and 3)."""
-    legacy_stage1: bool = False
+    legacy_stage1: bool = Field(False, json_schema_extra=no_effect("DeepSpeed's old stage-1 code path; dscore has one stage 1"))
     """DeepSpeed's old stage-1 implementation (kept for compatibility)."""
-    round_robin_gradients: bool = False
+    round_robin_gradients: bool = Field(False, json_schema_extra=no_effect("dscore's stage 1/2 buckets are already balanced across ranks"))
     """Stage 1/2 with offload: copy gradients to CPU in round-robin order across ranks."""
-    parameter_alignment: bool = False
+    parameter_alignment: bool = Field(False, json_schema_extra=no_effect("a DeepSpeed memory-layout knob"))
     """Align partition boundaries to the parameter boundaries."""
-    zero_hpz_partition_size: PositiveInt = 1
+    zero_hpz_partition_size: PositiveInt = Field(1, json_schema_extra=not_implemented("ZeRO++ hierarchical partitioning (hpZ)"))
     """ZeRO++ hierarchical partitioning group size (1 disables; larger values are refused: not implemented)."""
     zero_quantized_weights: bool = False
     """ZeRO++ quantized weights (stage 3): the training all-gathers of non-persistent units send int8 blocks
@@ -202,19 +203,19 @@ class ZeroConfig(SectionModel):
     (:mod:`dscore.zero.quantize`); partitions, optimizer, checkpoints and user gathers stay exact."""
     zero_quantized_nontrainable_weights: bool = False
     """ZeRO++ (stage 3): quantize the all-gathers of frozen parameters only."""
-    zero_quantized_gradients: bool = False
+    zero_quantized_gradients: bool = Field(False, json_schema_extra=not_implemented("ZeRO++ quantized gradients (qgZ)"))
     """ZeRO++ quantized gradient reduce-scatter (true is refused: not implemented)."""
-    memory_efficient_linear: bool = True
+    memory_efficient_linear: bool = Field(True, json_schema_extra=no_effect("DeepSpeed's ZeRO-3 linear autograd function; dscore uses torch's"))
     """Use ZeRO-3's memory-efficient linear autograd function."""
-    override_module_apply: bool = True
+    override_module_apply: bool = Field(True, json_schema_extra=no_effect("dscore does not gather parameters around module.apply(); wrap re-initialisation in dscore.zero.GatheredParameters(params, modifier_rank=0)"))
     """ZeRO-3: gather parameters around ``module.apply``."""
-    pipeline_loading_checkpoint: bool = False
+    pipeline_loading_checkpoint: bool = Field(False, json_schema_extra=no_effect("a DeepSpeed checkpoint-loading schedule knob"))
     """Load checkpoint shards per pipeline stage."""
-    log_trace_cache_warnings: bool = False
+    log_trace_cache_warnings: bool = Field(False, json_schema_extra=no_effect("dscore logs no trace-cache warnings"))
     """Log ZeRO-3 trace-cache invalidation warnings."""
-    enable_sanity_checks: StrictBool = False
+    enable_sanity_checks: StrictBool = Field(False, json_schema_extra=no_effect("DeepSpeed's debug consistency checks"))
     """Extra (slow) consistency checks of partitioned parameters."""
-    save_muon_momentum_buffer_in_memory: bool = False
+    save_muon_momentum_buffer_in_memory: bool = Field(False, json_schema_extra=no_effect("dscore has no Muon optimizer"))
     """Keep Muon's momentum buffer in memory when saving."""
     leaf_module: LeafModuleConfig = Field(default_factory=LeafModuleConfig)
     """Modules ZeRO-3 treats as leaves (stage 3; :func:`dscore.zero.set_z3_leaf_modules` does the same
@@ -251,11 +252,6 @@ class ZeroConfig(SectionModel):
             raise ValueError(
                 "zero_quantized_weights / zero_quantized_nontrainable_weights quantize ZeRO stage 3's parameter "
                 f"all-gathers; they need stage 3, not stage {self.stage}"
-            )
-        if self.offload_optimizer is not None and self.offload_optimizer.ratio < 1.0 and self.stage != 3:
-            raise ValueError(
-                f"offload_optimizer.ratio = {self.offload_optimizer.ratio} (partial offloading) requires stage 3, "
-                f"not stage {self.stage}"
             )
         return self
 

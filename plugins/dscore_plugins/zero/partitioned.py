@@ -127,6 +127,7 @@ class PartitionedOptimizerStage(ZeroStage):
         self.use_reduce_scatter = bool(zc.reduce_scatter)
         self.allgather_partitions = bool(zc.allgather_partitions)
         self.round_robin = bool(zc.round_robin_gradients)
+        self.load_from_fp32_weights = bool(zc.load_from_fp32_weights)
         self.offload = offload_device(zc.offload_optimizer, "offload_optimizer") in ("cpu", "nvme")
         self.pin = offload_pin(zc.offload_optimizer)
         self.clip = float(ctx.config.gradient_clipping)
@@ -493,6 +494,7 @@ class PartitionedOptimizerStage(ZeroStage):
             load_optimizer_states=load_optimizer_states,
             masters_loaded=lambda loaded: self._all_gather_params() if loaded else self._refresh_masters(),
             ranks=self._pair_ranks,
+            load_fp32_masters=self.load_from_fp32_weights,
         )
 
     def _refresh_masters(self) -> None:

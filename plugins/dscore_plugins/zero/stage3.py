@@ -261,6 +261,7 @@ class Stage3(ZeroStage):
         self.sub_group_size = int(zc.sub_group_size)
         self.quantize_weights = bool(zc.zero_quantized_weights)
         self.quantize_frozen = bool(zc.zero_quantized_nontrainable_weights)
+        self.load_from_fp32_weights = bool(zc.load_from_fp32_weights)
         self.offload_opt = offload_device(zc.offload_optimizer, "offload_optimizer") in ("cpu", "nvme")
         self.offload_param = offload_device(zc.offload_param, "offload_param") in ("cpu", "nvme")
         self.nvme_param = self.offload_param and zc.offload_param.device == "nvme"
@@ -846,6 +847,7 @@ class Stage3(ZeroStage):
             state, opt=self._optimizer, pairs=self._pairs, rank=self.rank, loss_scaler=self.loss_scaler,
             load_optimizer_states=load_optimizer_states,
             masters_loaded=lambda loaded: self._masters_to_partitions() if loaded else self._partitions_to_masters(),
+            load_fp32_masters=self.load_from_fp32_weights,
         )
 
     def _partitions_to_masters(self) -> None:
