@@ -30,11 +30,43 @@ _SPECS = [
         ({"DS_BUILD_CPU_LION": "1"}, ["cpu_lion"]),
         ({"DS_BUILD_OPS": "0", "DS_BUILD_CPU_ADAM": "1"}, ["cpu_adam"]),
         ({"DS_BUILD_OPS": "0"}, []),
+        ({"DS_BUILD_QUANTIZER": "1"}, []),  # an op dscore lacks still means "only the named ops"
+        ({"DS_BUILD_QUANTIZER": "1", "DS_BUILD_CPU_ADAM": "1"}, ["cpu_adam"]),
+        ({"DS_BUILD_STRING": "+abc"}, None),  # DeepSpeed's version suffix, not an op
     ],
 )
 def test_select_ops_honours_ds_build_vars(env: dict[str, str], expected: list[str] | None) -> None:
     chosen = select_ops(_SPECS, env)
     assert (None if chosen is None else [s.name for s in chosen]) == expected
+
+
+def test_unknown_build_variables_are_reported() -> None:
+    from dscore.cli.ops import unknown_build_variables
+
+    env = {"DS_BUILD_QUANTIZER": "1", "DS_BUILD_CPU_ADAMM": "1", "DS_BUILD_FOO": "0", "DS_BUILD_CPU_ADAM": "1",
+           "DS_BUILD_OPS": "0"}
+    got = {var: (wanted, msg) for var, wanted, msg in unknown_build_variables(_SPECS, env)}
+    assert set(got) == {"DS_BUILD_QUANTIZER", "DS_BUILD_CPU_ADAMM", "DS_BUILD_FOO"}
+    assert got["DS_BUILD_QUANTIZER"][0] and "DeepSpeed's 'quantizer' op, which dscore does not provide" in got[
+        "DS_BUILD_QUANTIZER"][1]
+    assert "a typo?" in got["DS_BUILD_CPU_ADAMM"][1] and "cpu_adam (DS_BUILD_CPU_ADAM)" in got["DS_BUILD_CPU_ADAMM"][1]
+    assert got["DS_BUILD_FOO"][0] is False
+
+
+def test_ops_build_honours_only_the_named_ds_build_variables(tmp_path: Path) -> None:
+    """``DS_BUILD_QUANTIZER=1 DS_BUILD_CPU_LION=1 dscore ops build``: the unknown variable fails the command by
+    name, only cpu_lion is considered (it fails: no compiler here), no other op is touched."""
+    env = _bare_env(tmp_path)
+    env.update(DS_BUILD_QUANTIZER="1", DS_BUILD_CPU_LION="1")
+    proc = subprocess.run([sys.executable, "-m", "dscore", "ops", "build"], env=env, capture_output=True, text=True,
+                          timeout=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "DS_BUILD_QUANTIZER=1: DeepSpeed's 'quantizer' op, which dscore does not provide" in out
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("built", "skipped", "FAILED   "))
+             and "DS_BUILD_" not in ln.split()[1]]
+    assert [ln.split()[1].rstrip(":") for ln in lines] == ["cpu_lion"], out
+    assert not any(tmp_path.rglob("*.so"))
 
 
 def _bare_env(tmp_path: Path) -> dict[str, str]:
