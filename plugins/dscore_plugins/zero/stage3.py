@@ -139,6 +139,8 @@ def apply_host_malloc_policy() -> int:
         log.debug("stage 3: glibc mmap threshold fixed at %d bytes (%s)", threshold, _MMAP_THRESHOLD_ENV)
     return threshold if ok else 0
 _FROZEN = -1
+_SEQ_MOD = (1 << 61) - 1
+_SEQ_KEEP = 1 << 16
 
 
 class _UnitState:
@@ -349,7 +351,8 @@ class Stage3(ZeroStage):
         for b in buckets:  # a leaf's units: the rank may not use all of them; reduced by flush, in order
             b.defer = id(b.state.unit) in self.leaf_units
         # the collectives of this micro step, (unit index, 0 gather / 1 reduce): compared across ranks
-        self._collectives: list[tuple[int, int]] = []
+        self._collectives: list[tuple[int, int]] = []  # the first _SEQ_KEEP, for the error message
+        self._seq_hash, self._seq_len = 0, 0
         self.reducer = GradientReducer(
             self.comm,
             buckets,
@@ -529,7 +532,7 @@ class Stage3(ZeroStage):
             return
         if not u.gathered:
             self._make_room(u.numel)
-            self._collectives.append((s.index, 0))
+            self._note_collective(s.index, 0)
             u.gather(async_op=async_op, quantized=True)  # training gathers: ZeRO++ quantized when enabled
         elif not async_op:
             u.wait()
@@ -635,7 +638,7 @@ class Stage3(ZeroStage):
 
     def _reduce_launched(self, b: ReduceBucket) -> None:
         assert isinstance(b, UnitBucket)
-        self._collectives.append((b.state.index, 1))
+        self._note_collective(b.state.index, 1)
         self._in_use.discard(id(b.state.unit))
         self._release(b.state)
 
@@ -700,6 +703,15 @@ class Stage3(ZeroStage):
             self._release(s)
         self._check_same_collectives()
 
+    def _note_collective(self, index: int, kind: int) -> None:
+        """Fold a gather (kind 0) or reduction (kind 1) of unit ``index`` into this micro step's fingerprint
+        (a polynomial hash mod the Mersenne prime 2**61 - 1; forward-only use between backwards adds to
+        it without growing memory beyond the first ``_SEQ_KEEP`` entries)."""
+        self._seq_hash = (self._seq_hash * 1_000_003 + 2 * index + kind + 1) % _SEQ_MOD
+        self._seq_len += 1
+        if len(self._collectives) < _SEQ_KEEP:
+            self._collectives.append((index, kind))
+
     def _check_same_collectives(self) -> None:
         """Refuse a micro step in which ranks issued different gathers/reductions (ran different modules).
 
@@ -712,10 +724,11 @@ class Stage3(ZeroStage):
                 how to make it a ZeRO-3 leaf (identical on every rank).
         """
         seq, self._collectives = self._collectives, []
+        h, n = self._seq_hash, self._seq_len
+        self._seq_hash, self._seq_len = 0, 0
         if self.world == 1:
             return
-        h = hash(tuple(seq)) & ((1 << 62) - 1)
-        fp = torch.tensor([h, len(seq), -h, -len(seq)], dtype=torch.int64, device=self.device)
+        fp = torch.tensor([h, n, -h, -n], dtype=torch.int64, device=self.device)
         self.comm.all_reduce(fp, op="max")
         if int(fp[0]) == -int(fp[2]) and int(fp[1]) == -int(fp[3]):
             return
