@@ -40,7 +40,7 @@ EXTRA_PLAN: dict[str, dict[int, int | None]] = {
     "tied_z2_ws2": {1: 3, 2: 0},
     "z0_bf16_ws1": {1: 2, 2: 3},
     "z3_groups_frozen_bn_ws2": {1: 1, 2: 0},
-    "z2_fp32_ws3": {1: 3, 2: None},
+    "z2_fp32_ws3": {1: 1, 2: None},  # stage 3 at ws 1 and stage 2 at ws 3: test_ds_uneven_partitions.py
 }
 
 
@@ -109,12 +109,3 @@ def test_resume_matches_deepspeed(ws: int, tmp_path) -> None:
     results = run_distributed(H.resume_worker, ws, jobs, timeout=600)
     _check(results[0], jobs, ws)
 
-
-def test_resume_uneven_zero2_partitions_at_world_size_3() -> None:
-    """Issue 29 item 6: DeepSpeed's ZeRO-2 checkpoint of 3 ranks (partition boundaries inside parameters,
-    uneven across ranks) loads at world size 3 stage 2 (and, in test_resume_matches_deepspeed, at world
-    size 1 stage 3) and reproduces DeepSpeed's steps 4 and 5."""
-    path = str(H.DATA / "z2_fp32_ws3")
-    jobs = [(path, 2)]
-    results = run_distributed(H.resume_worker, 3, jobs, timeout=600)
-    _check(results[0], jobs, 3)

@@ -117,6 +117,8 @@ def _train(stage: int, mixed: bool, how: str) -> dict[str, Any]:
     from dscore.errors import DscoreError
 
     zero: dict[str, Any] = {}
+    if stage == 3 and how == "none" and not mixed:
+        zero["stage3_prefetch_bucket_size"] = 0  # no prefetch: each module gathers on entry (the eval check)
     model = make_model()
     if how == "config":
         zero["leaf_module"] = {"classes": ["SparseMoeBlock"]}
@@ -127,13 +129,21 @@ def _train(stage: int, mixed: bool, how: str) -> dict[str, Any]:
         assert get_z3_leaf_modules(model) == [model.moe]
     engine, *_ = dscore.initialize(model=model, model_parameters=model.parameters(), config=config(stage, **zero))
     rank = dist.get_rank()
+    out: dict[str, Any] = {}
+    if stage == 3 and how == "none" and not mixed:  # evaluation has no backward: checked after forward
+        x, _ = batches(mixed)[0]
+        try:
+            with torch.no_grad():
+                engine(x[rank * MICRO : (rank + 1) * MICRO])
+        except DscoreError as exc:
+            out["eval_error"] = str(exc)
     try:
         for x, y in batches(mixed):
             rows = slice(rank * MICRO, (rank + 1) * MICRO)
             engine.backward(F.mse_loss(engine(x[rows]), y[rows]))
             engine.step()
     except DscoreError as exc:
-        return {"error": f"{type(exc).__name__}: {exc}"}
+        return {**out, "error": f"{type(exc).__name__}: {exc}"}
     state = engine.zero_stage_impl.module_state_dict()
     return {"params": {k: v.detach().float().numpy().copy() for k, v in state.items()}}
 
@@ -190,6 +200,7 @@ def test_zero3_moe_divergent_experts_right_or_refused() -> None:
                 msg = res["error"]
                 assert "moe.experts" in msg and "leaf_module" in msg and "set_z3_leaf_modules" in msg, msg
                 assert "SparseMoeBlock" in msg, msg
+                assert "moe.experts" in res.get("eval_error", ""), res
                 continue
             assert "params" in res, (stage, mixed, how, res)
             for k, v in refs[mixed].items():

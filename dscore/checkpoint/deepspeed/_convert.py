@@ -47,8 +47,13 @@ Sink = Callable[[str, str, int, torch.Tensor], None]  # (kind, name, dst element
 # ------------------------------------------------------------------------------------ shard reading
 
 
-def _is_moment(v: Any, numel: int) -> bool:
-    return isinstance(v, torch.Tensor) and v.dim() > 0 and v.numel() == numel and v.is_floating_point()
+def _is_moment(v: Any, numel: int, padded: int | None = None) -> bool:
+    """A per-element optimizer state of a ``numel``-element partition: exactly ``numel`` elements, or
+    ``padded`` (the partition plus DeepSpeed's trailing ``group_paddings``: the last rank of an uneven
+    split keeps its moments at the padded size while its fp32 partition is saved without the padding)."""
+    if not (isinstance(v, torch.Tensor) and v.dim() > 0 and v.is_floating_point()):
+        return False
+    return v.numel() == numel or (padded is not None and padded > numel and v.numel() == padded)
 
 
 def _shard_data(
@@ -58,12 +63,17 @@ def _shard_data(
     flats: dict[str, dict[int, torch.Tensor]] = {FP32: {}}
     scalars: dict[int, dict[str, Any]] = {}
 
-    def take_state(slot: int, state: dict[str, Any] | None, numel: int) -> None:
+    def take_state(slot: int, state: dict[str, Any] | None, numel: int, padded: int | None = None) -> None:
         for k, v in (state or {}).items():
-            if _is_moment(v, numel):
-                flats.setdefault(str(k), {})[slot] = v.reshape(-1)
+            if _is_moment(v, numel, padded):
+                flats.setdefault(str(k), {})[slot] = v.reshape(-1)[:numel]
             elif not isinstance(v, torch.Tensor) or v.dim() == 0:
                 scalars.setdefault(slot, {})[str(k)] = v.item() if isinstance(v, torch.Tensor) else v
+            else:  # a per-element state dscore cannot place: refuse rather than drop it
+                raise CheckpointError(
+                    f"{shard.path}: optimizer state {k!r} of group {slot} has {v.numel()} elements, but the "
+                    f"rank's fp32 partition has {numel}" + (f" ({padded} with padding)" if padded else "")
+                )
 
     if shard.kind in ("zero12", "zero3"):
         obj = safe_load(shard.path)
@@ -71,9 +81,11 @@ def _shard_data(
         parts = osd["single_partition_of_fp32_groups" if shard.kind == "zero12" else "fp32_flat_groups"]
         base = osd.get("base_optimizer_state", osd.get("optimizer_state_dict", {}))
         states = base.get("state", {}) if isinstance(base, dict) else dict(enumerate(base or []))
+        paddings = osd.get("group_paddings") or []
         for slot, part in enumerate(parts):
             flats[FP32][slot] = part.reshape(-1)
-            take_state(slot, states.get(slot), part.numel())
+            pad = paddings[slot] if slot < len(paddings) and isinstance(paddings[slot], int) else 0
+            take_state(slot, states.get(slot), part.numel(), part.numel() + pad)
     elif shard.kind == "flat0":
         opt = ck.model_state["optimizer"]
         states = opt["optimizer_state_dict"].get("state", {})

@@ -341,6 +341,8 @@ class Stage3(ZeroStage):
         for mod in self.module_units:
             self._hooks.append(mod.register_forward_pre_hook(_ModuleHook(self._pre_forward)))
             self._hooks.append(mod.register_forward_hook(_ModuleHook(self._post_forward)))
+        # a forward without autograd (evaluation) has no backward to check it: check at the model's end
+        self._hooks.append(module.register_forward_hook(_ModuleHook(self._root_post_forward)))
         # every trainable unit is one bucket; launched as soon as it is complete (every rank runs the same
         # graph, so units complete in the same order everywhere), and released right after the launch
         buckets = [
@@ -625,6 +627,10 @@ class Stage3(ZeroStage):
         if not keep:
             for s in units:
                 self._release(s)
+
+    def _root_post_forward(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
+        if not torch.is_grad_enabled():
+            self._check_same_collectives()
 
     def _pre_backward(self, mod: torch.nn.Module) -> None:
         units = self.module_units[mod]
