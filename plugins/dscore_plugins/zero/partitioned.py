@@ -28,6 +28,12 @@ different orders or some parameters get none), asynchronously from gradient hook
   buckets are in flight, so the full gradient never exists at once. ``no_sync`` is refused, as DeepSpeed
   does, because partitioned gradients cannot accumulate locally.
 
+**Reduction keys.** ``gradient_allreduce_op: "sum"`` sums instead of averaging; ``prescale_gradients``
+and ``gradient_predivide_factor`` choose where the division by the world size happens, with DeepSpeed's
+rules (:func:`dscore.zero.reducer.gradient_divisors`; DeepSpeed refuses them with ``reduce_scatter``,
+dscore honours them); ``communication_data_type`` is the dtype buckets are staged and reduced in (fp32
+with bf16: the sum of the ranks' bf16 gradients is exact in the fp32 partitions).
+
 **Step.** Unscale, overflow check and clipping by the *global* L2 norm (squared partition norms summed
 with one scalar all-reduce) are one multiply of each fp32 partition; the optimizer steps the partitions
 (on CPU with ``offload_optimizer.device: cpu``); each bucket's updated chunks are all-gathered straight
@@ -105,8 +111,9 @@ class PartitionedOptimizerStage(ZeroStage):
     Args:
         ctx: the engine's context. Reads ``zero_optimization.{reduce_bucket_size, allgather_bucket_size,
             overlap_comm, contiguous_gradients, reduce_scatter, allgather_partitions,
-            round_robin_gradients, offload_optimizer}`` and ``gradient_clipping`` (validated models:
-            ``ctx.section`` / ``ctx.config``).
+            round_robin_gradients, offload_optimizer, load_from_fp32_weights}``, ``gradient_clipping``,
+            ``gradient_allreduce_op``, ``prescale_gradients``, ``gradient_predivide_factor`` and
+            ``communication_data_type`` (validated models: ``ctx.section`` / ``ctx.config``).
 
     Raises:
         ConfigError: an unwritable ``offload_optimizer.nvme_path``; a parameter in two groups.
