@@ -10,7 +10,7 @@ Each key gets one status:
 
 * **implemented**: the field is read outside the module defining its model (an attribute access
   ``.name`` or a string constant ``"name"`` that is not a docstring, found by reading the source of
-  ``dscore/``, ``dscore_plugins`` and ``dscore_accelerators`` with :mod:`ast`); the first places are listed.
+  ``dscore/`` and of every installed plugin package with :mod:`ast`); the first places are listed.
   The first three files are listed. This is a static approximation: a field sharing its name with another attribute (``enabled``) counts as
   read when any of them is.
 * **warned**: marked :func:`dscore.config.base.no_effect` in its model; setting it logs a warning.
@@ -70,15 +70,21 @@ class AuditRow:
 
 
 def _source_roots() -> list[Path]:
+    """dscore's package and the top-level package of every installed plugin (entry-point group ``dscore``)."""
+    import importlib
+    from importlib.metadata import entry_points
+
     import dscore
 
     roots = [Path(dscore.__file__).resolve().parent]
-    for name in ("dscore_plugins", "dscore_accelerators"):
+    for top in sorted({ep.module.split(".")[0] for ep in entry_points(group="dscore")}):
         try:
-            mod = __import__(name)
+            mod = importlib.import_module(top)
         except ImportError:
             continue
-        roots.append(Path(mod.__file__).resolve().parent)  # type: ignore[arg-type]
+        path = Path(getattr(mod, "__file__", "") or "").resolve().parent
+        if path not in roots and path.is_dir():
+            roots.append(path)
     return roots
 
 
