@@ -49,7 +49,9 @@ is then exact. Without a leaf, every gather and reduction of a micro step is fol
 (unit index and kind, rolling hash) compared across ranks with one 4-integer all-reduce after backward
 (and after a forward without autograd): ranks that ran different modules raise ``DistributedError``
 naming the first differing module on each rank and the block to flag, before an optimizer step uses the
-gradients (measured: 0.28 ms per micro step on 2 gloo ranks of a loaded 2-core host).
+gradients (measured: 0.28 ms per micro step on 2 gloo ranks of a loaded 2-core host). Gathers that differ
+in size fail earlier, in the exchange itself; that error is re-raised naming the module being entered
+and the same remedy.
 
 ``copy.deepcopy`` of the model (inside ``GatheredParameters``, for a reference or EMA copy) gives a plain
 module: the stage's hooks deep-copy into no-op hooks.
@@ -618,11 +620,14 @@ class Stage3(ZeroStage):
         timers = active_timers()
         t0 = clock(timers)
         # launch this module's gathers and the prefetches before waiting, so all are in flight together
-        for s in units:
-            self._fetch(s, async_op=True)
-        self._prefetch(mod, +1)
-        for s in units:
-            s.unit.wait()
+        try:
+            for s in units:
+                self._fetch(s, async_op=True)
+            self._prefetch(mod, +1)
+            for s in units:
+                s.unit.wait()
+        except DistributedError as exc:
+            raise self._gather_failed(mod, exc) from exc
         if timers is not None:
             timers.add("forward.allgather_wait", clock(timers) - t0)
 
@@ -653,9 +658,22 @@ class Stage3(ZeroStage):
             if s.trainable:
                 self._in_use.add(id(s.unit))
             self._fetch(s, async_op=True)
-        self._prefetch(mod, -1)
-        for s in units:
-            s.unit.wait()
+        try:
+            self._prefetch(mod, -1)
+            for s in units:
+                s.unit.wait()
+        except DistributedError as exc:
+            raise self._gather_failed(mod, exc) from exc
+
+    def _gather_failed(self, mod: torch.nn.Module, exc: DistributedError) -> DistributedError:
+        """A gather whose peers posted another collective (different sizes): most often ranks running
+        different modules; say which module this rank was entering and how to make its block a leaf."""
+        return DistributedError(
+            f"{exc} [ZeRO stage 3 was gathering the parameters of {self.module_names.get(mod, '?')!r} "
+            f"({type(mod).__name__}); if the ranks run different modules (e.g. experts of a mixture-of-experts "
+            "block), flag the block as a ZeRO-3 leaf before dscore.initialize: zero_optimization.leaf_module "
+            '{"classes": [...]} or dscore.zero.set_z3_leaf_modules(model, [BlockClass])]'
+        )
 
     def _reduce_launched(self, b: ReduceBucket) -> None:
         assert isinstance(b, UnitBucket)
