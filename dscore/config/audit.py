@@ -89,6 +89,14 @@ def _source_roots() -> list[Path]:
     return roots
 
 
+_VALIDATORS = {"field_validator", "model_validator", "validator", "root_validator"}
+
+
+def _decorator_name(node: ast.expr) -> str:
+    target = node.func if isinstance(node, ast.Call) else node
+    return target.attr if isinstance(target, ast.Attribute) else target.id if isinstance(target, ast.Name) else ""
+
+
 @cache
 def _reads() -> dict[str, list[tuple[Path, int]]]:
     """name -> places (file, line) that read an attribute or pass a string of that name."""
@@ -104,13 +112,36 @@ def _reads() -> dict[str, list[tuple[Path, int]]]:
             docstrings = {
                 id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
             }
+            # reads inside pydantic validators check a value; they do not make it take effect
+            spans = [
+                (f.lineno, f.end_lineno or f.lineno)
+                for f in ast.walk(tree)
+                if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                and any(_decorator_name(d) in _VALIDATORS for d in f.decorator_list)
+            ]
+            validating = {ln for a, b in spans for ln in range(a, b + 1)}
             for node in ast.walk(tree):
+                if getattr(node, "lineno", None) in validating:
+                    continue
                 if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                     found.setdefault(node.attr, []).append((path, node.lineno))
                 elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
                     if node.value.isidentifier():
                         found.setdefault(node.value, []).append((path, node.lineno))
     return found
+
+
+def _in_class(model: type, line: int) -> bool:
+    """Whether ``line`` of the model's file is inside the model's class body's field declarations
+    (reads there are the declarations and defaults, not uses); methods of the class count as uses."""
+    try:
+        lines, start = inspect.getsourcelines(model)
+    except (OSError, TypeError):
+        return True
+    if not start <= line < start + len(lines):
+        return False
+    text = lines[line - start].strip()
+    return not text.startswith(("return ", "if ", "elif ", "for ", "while ")) and "self." not in text
 
 
 def _model_file(model: type) -> Path | None:
@@ -150,7 +181,8 @@ def _model_rows(model: type[BaseModel], prefix: str, out: dict[str, AuditRow]) -
         if status is not None:
             out[path] = AuditRow(path, status[0], status[1], False, True)
         else:
-            places = [(f, ln) for n in {name, key} for f, ln in reads.get(n, []) if f != home]
+            # reads in other files, or in the model's own file outside validators (an accessor method)
+            places = [(f, ln) for n in {name, key} for f, ln in reads.get(n, []) if f != home or not _in_class(model, ln)]
             if places:
                 # files only (no line numbers, no counts): the document changes when a key moves, not on every edit
                 files = sorted({_relative(f) for f, _ in places})

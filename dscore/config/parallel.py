@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
 
-from dscore.config.base import SectionModel
+from dscore.config.base import SectionModel, no_effect, not_implemented
 
 __all__ = ["LayerSpecConfig", "PartitionConfig", "TensorParallelConfig", "PRESET_MODELS"]
 
@@ -57,7 +57,7 @@ class LayerSpecConfig(SectionModel):
     """Column only: all-gather the split output back to full width."""
     model_types: list[str] | None = None
     """Apply only to models whose ``config.model_type`` is one of these."""
-    grad_allreduce: StrictBool = False
+    grad_allreduce: StrictBool = Field(default=False, json_schema_extra=not_implemented("DeepSpeed's experimental extra all-reduce"))
     """Accepted only as false (DeepSpeed's experimental extra all-reduce)."""
 
     @field_validator("patterns")
@@ -130,7 +130,7 @@ class TensorParallelConfig(SectionModel):
 
     autotp_size: StrictInt = Field(default=0, ge=0)
     """Tensor-parallel degree; 0 or 1 = off. Must divide the world size (with ``sequence_parallel_size``)."""
-    tp_overlap_comm: StrictBool = False
+    tp_overlap_comm: StrictBool = Field(default=False, json_schema_extra=not_implemented("overlapping tensor-parallel communication"))
     """Accepted only as false (dscore's row all-reduce is not overlapped)."""
     keep_module_on_host: StrictBool = False
     """DeepSpeed's switch to load checkpoint shards on the host. dscore splits the module where it is
@@ -144,9 +144,11 @@ class TensorParallelConfig(SectionModel):
     """Built-in rules of a model family (``llama``, ``qwen2``, ``mistral``)."""
     partition_config: PartitionConfig | None = None
     """User layer specs (see :class:`PartitionConfig`)."""
-    vocab_parallel_lm_head: StrictBool | None = None
+    vocab_parallel_lm_head: StrictBool | None = Field(default=None, json_schema_extra=not_implemented("a vocab-parallel lm_head"))
     """Accepted only as null/false (vocabulary-parallel heads are not implemented)."""
-    vocab_parallel_ce_backend: Literal["torch"] = "torch"
+    vocab_parallel_ce_backend: Literal["torch"] = Field(
+        default="torch", json_schema_extra=no_effect("dscore has no vocab-parallel lm_head, so no vocab-parallel loss")
+    )
     """Only the PyTorch cross-entropy."""
     tp: dict[str, Any] = Field(default_factory=dict, alias="tensor_parallel")
     """DeepSpeed's nested ``tensor_parallel`` block: ``tp_size`` is refused when it disagrees with
