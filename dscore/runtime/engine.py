@@ -80,10 +80,6 @@ LEFT_OUT_APIS = frozenset(
         "set_train_batch_size",
         "set_train_micro_batch_size",
         "deepspeed_io",
-        "offload_states",
-        "reload_states",
-        "has_moe_layers",
-        "get_sequence_parallel_group",
         "load_universal_checkpoint",
         "flops_profiler_enabled",
         "autotuning_enabled",
@@ -440,6 +436,12 @@ class DscoreEngine(torch.nn.Module):
         """Model-parallel (tensor-parallel, ``tensor_parallel.autotp_size``) world size; 1 without AutoTP."""
         mesh = getattr(self.runtime, "mesh", None)
         return 1 if mesh is None else int(mesh.tp_size)
+
+    def get_sequence_parallel_group(self) -> Any:
+        """The sequence-parallel process group (DeepSpeed's ``engine.get_sequence_parallel_group()``); the
+        mesh's group, or ``None`` (the default group) when there is no mesh."""
+        mesh = getattr(self.runtime, "mesh", None)
+        return None if mesh is None else mesh.get_sequence_parallel_group()
 
     @property
     def seq_parallel_world_size(self) -> int:
