@@ -64,6 +64,14 @@ def gather_full(shard: torch.Tensor, spec: TPParam, comm: Any) -> torch.Tensor:
     return torch.cat([per_rank[r][k] for k in range(spec.parts) for r in range(spec.tp)], dim=spec.dim)
 
 
+def _keep_requires_grad(layer: torch.nn.Module, linear: torch.nn.Linear) -> Any:
+    """Give the split ``layer``'s weight and bias the ``requires_grad`` of ``linear``'s (frozen stays frozen)."""
+    layer.weight.requires_grad_(linear.weight.requires_grad)
+    if layer.bias is not None and linear.bias is not None:
+        layer.bias.requires_grad_(linear.bias.requires_grad)
+    return layer
+
+
 class _CopyToTP(torch.autograd.Function):
     """Identity forward; gradient summed over the tensor-parallel group (the input was replicated)."""
 
@@ -158,10 +166,7 @@ class ColumnParallelLinear(torch.nn.Module):
             in_features=linear.in_features,
             out_features=linear.out_features,
         )
-        layer.weight.requires_grad_(linear.weight.requires_grad)
-        if layer.bias is not None and linear.bias is not None:
-            layer.bias.requires_grad_(linear.bias.requires_grad)
-        return layer
+        return _keep_requires_grad(layer, linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(_CopyToTP.apply(x, self.comm), self.weight, self.bias)
@@ -216,10 +221,7 @@ class RowParallelLinear(torch.nn.Module):
             in_features=linear.in_features,
             out_features=linear.out_features,
         )
-        layer.weight.requires_grad_(linear.weight.requires_grad)
-        if layer.bias is not None and linear.bias is not None:
-            layer.bias.requires_grad_(linear.bias.requires_grad)
-        return layer
+        return _keep_requires_grad(layer, linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = _ReduceFromTP.apply(F.linear(x, self.weight), self.comm)
