@@ -45,6 +45,7 @@ from dscore.parallel.tp_layers import (
     shard_of,
 )
 from dscore.protocols.zero import StepOutcome, ZeroStage
+from dscore.zero.optimizer import collective_device
 
 if TYPE_CHECKING:
     from dscore.config.parallel import TensorParallelConfig
@@ -576,26 +577,27 @@ class TensorParallelStage(ZeroStage):
         grads: list[list[torch.Tensor]] = [[], []]
         for gi, group in enumerate(opt.param_groups):
             grads[gi % 2].extend(p.grad for p in group["params"] if p.grad is not None)
-        sq = torch.zeros(2, dtype=torch.float64)
+        # on the collective device (NCCL refuses host tensors), and no host sync: the clip coefficient stays a tensor
+        device = collective_device(grads[0] + grads[1])
+        sq = torch.zeros(2, dtype=torch.float64, device=device)
         for kind in (0, 1):
             if grads[kind]:
                 norms = torch._foreach_norm(grads[kind], 2.0)
-                sq[kind] = torch.stack([n.double().cpu() for n in norms]).pow(2).sum()
+                sq[kind] = torch.stack([n.to(device, torch.float64) for n in norms]).pow(2).sum()
         if int(self.inner.stage) >= 1:  # partitions are disjoint over the gradient group: add them up
             self.mesh.grad_comm.all_reduce(sq)
         shards = sq[1:].clone()
         self.tp_comm.all_reduce(shards)  # every shard counted once, replicated parameters once
         norm = (sq[0] + shards[0]).sqrt()
         self._norm = norm.to(torch.float32)
-        coef = self.clip / (float(norm) + 1e-6)
-        if coef < 1.0:
-            for kind in (0, 1):
-                if grads[kind]:
-                    torch._foreach_mul_(grads[kind], coef)
+        coef = (self.clip / (norm + 1e-6)).clamp(max=1.0).to(torch.float32)
+        for kind in (0, 1):
+            if grads[kind]:
+                torch._foreach_mul_(grads[kind], coef.to(grads[kind][0].device))
 
     def _check_batch(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._hook.remove()
-        mine = _fingerprint(args, kwargs)
+        mine = _fingerprint(args, kwargs).to(collective_device())
         sizes = self.tp_comm.all_gather_object(int(mine.numel()))
         if len(set(sizes)) == 1:
             outs = [torch.empty_like(mine) for _ in range(self.mesh.tp_size)]

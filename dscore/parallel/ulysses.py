@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from dscore.errors import ConfigError, DscoreError
+from dscore.zero.optimizer import collective_device
 
 __all__ = [
     "as_comm",
@@ -399,10 +400,10 @@ class UlyssesSPDataLoaderAdapter:
         mine = torch.stack(
             [
                 ids.double().sum(),
-                (ids.double().flatten() * torch.arange(ids.numel())).sum(),
-                torch.tensor(float(ids.numel()), dtype=torch.float64),
+                (ids.double().flatten() * torch.arange(ids.numel(), device=ids.device)).sum(),
+                torch.tensor(float(ids.numel()), dtype=torch.float64, device=ids.device),
             ]
-        )
+        ).to(collective_device([ids]))  # a loader's batch is on the host; NCCL needs it on the device
         outs = [torch.empty_like(mine) for _ in range(self.sp)]
         self.comm.all_gather(outs, mine)
         if not all(torch.equal(outs[0], o) for o in outs[1:]):

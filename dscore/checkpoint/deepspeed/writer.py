@@ -198,7 +198,7 @@ def deepspeed_files(
                 return full[rank * per : (rank + 1) * per]
 
             flats.append(torch.cat([own(fp32[n].float(), per) for n, per in zip(names, pers)]) if names else
-                         torch.zeros(0, dtype=torch.float32))
+                         torch.zeros(0, dtype=torch.float32, device="cpu"))
             keys = {k for n in names for k, v in state.get(n, {}).items() if torch.is_tensor(v) and v.dim() > 0}
             slot = {k: torch.cat([own(state[n][k], per) for n, per in zip(names, pers)]) for k in sorted(keys)}
             for n in names:
@@ -225,14 +225,14 @@ def deepspeed_files(
         param_names = {n for n, _ in module.named_parameters(remove_duplicate=False)}
         if stage == 3:  # DeepSpeed's stage-3 module state holds empty placeholders for partitioned parameters
             sd = OrderedDict(
-                (k, torch.empty(0, dtype=v.dtype) if k in param_names and k not in frozen else v.detach().cpu())
+                (k, torch.empty(0, dtype=v.dtype, device="cpu") if k in param_names and k not in frozen else v.detach().cpu())
                 for k, v in module_sd.items()
             )
             fragments = {}
             for n in frozen:
                 t = module_sd[n].detach().cpu().reshape(-1)
                 per = math.ceil(t.numel() / world)
-                full = torch.zeros(per * world, dtype=t.dtype)
+                full = torch.zeros(per * world, dtype=t.dtype, device="cpu")
                 full[: t.numel()].copy_(t)
                 fragments[n] = full[rank * per : (rank + 1) * per].clone()
         else:
