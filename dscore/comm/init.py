@@ -61,7 +61,7 @@ from dscore.comm.env import DistributedEnv, discover_env, existing_group_env
 from dscore.comm.facade import Comm
 from dscore.comm.fingerprint import verify_plugin_set
 from dscore.comm.guard import ensure_all_arrived
-from dscore.comm.shm import flush_pending_sends
+from dscore.comm.transports import flush_pending_sends
 from dscore.errors import DistributedError
 from dscore.specs import CommBackendSpec
 

@@ -81,7 +81,7 @@ def _worker(
             import torch.distributed as dist
 
             if init_process_group and dist.is_initialized():
-                from dscore.comm.shm import flush_pending_sends
+                from dscore.comm.transports import flush_pending_sends
 
                 flush_pending_sends()  # as dscore's own destroy does: deliver what peers still wait for
                 dist.destroy_process_group()

@@ -16,4 +16,15 @@ from __future__ import annotations
 
 from dscore.comm.transports.base import Transport, pick
 
-__all__ = ["Transport", "pick"]
+__all__ = ["Transport", "flush_pending_sends", "pick"]
+
+
+def flush_pending_sends(timeout: float = 60.0) -> int:
+    """Deliver what peers may still wait for, on every transport (``timeout`` seconds for each): the
+    shared-memory channels' gloo sends (:func:`dscore.comm.shm.flush_pending_sends`) and the gloo
+    point-to-point transfers of works dropped unwaited (:func:`~dscore.comm.transports.p2p.flush_dropped`).
+    Run before a process group is destroyed and at exit. Returns the transfers left undelivered."""
+    from dscore.comm.shm import flush_pending_sends as flush_shm
+    from dscore.comm.transports.p2p import flush_dropped
+
+    return flush_shm(timeout) + flush_dropped(timeout)
