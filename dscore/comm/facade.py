@@ -6,24 +6,15 @@ tensors and returns the same work handles as ``torch.distributed``, with three c
 
 * ``op`` is a string (``"sum"``, ``"avg"``, ``"max"``, ``"min"``, ``"product"``) or a ``ReduceOp``;
 * ``group=None`` means the group this facade is bound to (the default group after ``init_distributed``);
-* operations a backend lacks are emulated exactly. Older gloo builds have no ``ReduceOp.AVG`` and no
-  reduce-scatter: ``avg`` becomes a sum followed by a division by the group size (the same result
-  NCCL's average computes, for floating tensors), and reduce-scatter becomes an all-reduce of the whole
-  input followed by a copy of this rank's slice (exact for every op; it moves ``world_size`` times more
-  data). A facade decides once per operation: the native call is tried first and, when the backend
-  raises that it does not support it, the emulation is used from then on. ``emulate=`` forces the
-  emulation (tests use it to check both paths).
+* operations a backend lacks are emulated exactly (:mod:`~dscore.comm.transports.native`: an average as a
+  sum and a division, a reduce-scatter as an all-reduce and a slice copy), decided once per operation and
+  facade; ``emulate=`` forces the emulation (tests use it to check both paths).
 
-Every collective in dscore goes through this class (ZeRO stages, ``dscore.zero.Init``, checkpoints), so
-the fallbacks below live here and nowhere else:
+Every collective in dscore goes through this class (ZeRO stages, ``dscore.zero.Init``, checkpoints). Each
+one checks its arguments, shortcuts a one-rank group, picks a transport and runs the collective on it:
 
-* **Async work handles.** With ``async_op=True`` every collective returns a :class:`Work`: ``wait()`` is
-  idempotent and also runs the operation's finishing step (an emulation's division or slice copy), so
-  a caller never needs to know which path ran. ``async_op=False`` returns ``None`` (torch's contract).
-* **One rank.** A group of one rank (or no process group at all: rank 0 of 1, e.g. ``dscore.zero.Init``
-  before ``init_distributed``) runs no collective: gathers and reduce-scatters are local copies.
-* **Transports.** Each call picks a transport (:mod:`dscore.comm.transports`), then runs the collective
-  on it: the backend's own collective (``torch.distributed``; the default, and always for a non-CPU
+* **Transports** (:mod:`dscore.comm.transports`, one module each): the backend's own collective
+  (:mod:`~dscore.comm.transports.native`, :attr:`Comm.native`; the default, and always for a non-CPU
   tensor), gloo point-to-point (:mod:`~dscore.comm.transports.p2p`: on gloo, all-gathers and sum/average
   reduce-scatters as pairwise exchanges, a ring's volume per rank) or same-host shared memory
   (:mod:`~dscore.comm.transports.shm`: the same exchanges and sum/average all-reduces, when every rank of
@@ -34,6 +25,11 @@ the fallbacks below live here and nowhere else:
   used). Pass ``input_reusable=True`` to :meth:`Comm.reduce_scatter_tensor` when the input may be
   overwritten: the all-reduce fallback then runs in place instead of on a copy, and ``output`` may alias
   this rank's chunk.
+* **Async work handles.** With ``async_op=True`` every collective returns a :class:`Work`: ``wait()`` is
+  idempotent and also runs the operation's finishing step (an emulation's division or slice copy), so
+  a caller never needs to know which path ran. ``async_op=False`` returns ``None`` (torch's contract).
+* **One rank.** A group of one rank (or no process group at all: rank 0 of 1, e.g. ``dscore.zero.Init``
+  before ``init_distributed``) runs no collective: gathers and reduce-scatters are local copies.
 * **Agreeing on errors.** :meth:`Comm.agree` all-gathers each rank's outcome of a phase (None or an
   exception) so a failure on one rank raises the same error on every rank instead of hanging the others
   in the next collective (checkpoint save/load ends each phase with it).
@@ -44,9 +40,8 @@ Ranks passed to :meth:`Comm.broadcast` (``src``) are global ranks, as in torch.d
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -54,6 +49,7 @@ import torch.distributed as dist
 
 from dscore.comm.comms_logger import instrument
 from dscore.comm.transports import Transport, pick
+from dscore.comm.transports.native import NativeTransport
 from dscore.comm.work import DONE, Work
 from dscore.errors import DistributedError, DscoreError
 
@@ -61,8 +57,6 @@ if TYPE_CHECKING:
     from dscore.comm.env import DistributedEnv
 
 __all__ = ["Comm", "EMULABLE_OPS", "RankFailure", "Work", "reduce_op"]
-
-log = logging.getLogger("dscore.comm")
 
 #: operations the facade can emulate when the backend lacks them.
 EMULABLE_OPS = frozenset({"avg", "reduce_scatter_tensor", "reduce_scatter"})
@@ -76,9 +70,6 @@ _OPS: dict[str, Any] = {
     "product": dist.ReduceOp.PRODUCT,
     "prod": dist.ReduceOp.PRODUCT,
 }
-
-_UNSUPPORTED_MARKERS = ("not supported", "unsupported", "does not support", "not implemented")
-
 
 def reduce_op(op: str | Any) -> Any:
     """The ``torch.distributed.ReduceOp`` for ``op`` (a name, case-insensitive, or a ReduceOp).
@@ -158,7 +149,7 @@ class Comm:
         self.group = group
         self.backend = backend
         self.env = env
-        self._emulated: set[str] = set(forced)
+        self.native = NativeTransport(backend, forced)  # the backend's own collectives and their emulations
         self.owns_group = bool(owns_group)
         self._gloo_fast: dict[int, bool] = {}
 
@@ -249,38 +240,14 @@ class Comm:
         ranks of it (a pipeline stage's data-parallel group, for example). It never owns the group.
         """
         other = Comm(group, backend=self.backend, env=self.env)
-        other._emulated = set(self._emulated)
+        other.native = self.native.copy()
         return other
 
     # ---------------------------------------------------------------- helpers
-    def _native_or_emulated(self, key: str, native: Callable[[], Any], emulated: Callable[[], Any]) -> Any:
-        if key in self._emulated:
-            return emulated()
-        try:
-            return native()
-        except (RuntimeError, ValueError, NotImplementedError) as exc:
-            text = str(exc).lower()
-            if not any(marker in text for marker in _UNSUPPORTED_MARKERS):
-                raise
-            log.info("backend %s lacks %s (%s); using the exact emulation from now on", self.backend, key, exc)
-            self._emulated.add(key)
-            return emulated()
-
-    @staticmethod
-    def _result(work: Any, async_op: bool, finish: Callable[[], Any] | None = None) -> Work | None:
-        """A :class:`Work` (async) or None after finishing (sync)."""
-        if async_op:
-            if isinstance(work, Work) and finish is None:
-                return work
-            return Work([work] if not isinstance(work, list) else work, finish)
-        if finish is not None:
-            finish()
-        return None
-
     def _transport(self, grp: Any, *tensors: torch.Tensor) -> Transport | None:
         """The pairwise transport for these tensors on ``grp`` (shared memory or gloo point-to-point), or
-        None for the backend's own collective: see :func:`dscore.comm.transports.pick` (device tensors
-        always take the backend's)."""
+        None for the backend's own collective (:attr:`native`): see :func:`dscore.comm.transports.pick`
+        (device tensors always take the backend's)."""
         return pick(grp, self.gloo_fast(grp), tensors)
 
     @staticmethod
@@ -312,20 +279,9 @@ class Comm:
             transport = self._transport(grp, tensor)
             if transport is not None:
                 done = transport.all_reduce(tensor.view(-1), rop, grp, async_op)
-                if done is not NotImplemented:
+                if done is not NotImplemented:  # gloo point-to-point leaves all-reduces to the backend
                     return done  # type: ignore[no-any-return]
-        if not _is_avg(rop):
-            return self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op)
-
-        def emulated() -> Any:
-            work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=grp, async_op=async_op)
-            return self._result(work, async_op, lambda: tensor.div_(dist.get_world_size(grp)))
-
-        return self._native_or_emulated(
-            "avg",
-            lambda: self._result(dist.all_reduce(tensor, op=rop, group=grp, async_op=async_op), async_op),
-            emulated,
-        )
+        return self.native.all_reduce(tensor, rop, grp, async_op)
 
     def reduce_scatter_tensor(
         self,
@@ -369,32 +325,15 @@ class Comm:
             if output.data_ptr() != input.data_ptr():
                 output.copy_(input.reshape(output.shape))
             return _DONE if async_op else None
-        reusable = input_reusable and input.is_contiguous()
-
-        def emulated() -> Any:
-            full = input.view(-1) if reusable else input.detach().clone().reshape(-1)
-            return self._emulated_slice(full, output, rop, grp, async_op)
-
         transport = self._transport(grp, input, output)
         if transport is not None and _pairwise_op(rop):
             flat = input.reshape(-1) if input.is_contiguous() else input.contiguous().view(-1)
             return transport.reduce_scatter(list(flat.split(n)), output, rop, grp, async_op)
-        if transport is not None or (_is_avg(rop) and "avg" in self._emulated):
-            return emulated()
-        native_fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-        def native() -> Any:
-            # flat views: gloo checks dim 0 (output.shape[0] * world == input.shape[0]); the contract is numel
-            src = input.contiguous().view(-1)
-            dst = output.view(-1)
-            if dst.untyped_storage().data_ptr() != src.untyped_storage().data_ptr():
-                return self._result(native_fn(dst, src, op=rop, group=grp, async_op=async_op), async_op)
-            # an output inside the input: receive into a temporary (backends may not read and write one buffer)
-            tmp = torch.empty_like(dst)
-            work = native_fn(tmp, src, op=rop, group=grp, async_op=async_op)
-            return self._result(work, async_op, lambda: dst.copy_(tmp))
-
-        return self._native_or_emulated("reduce_scatter_tensor", native, emulated)
+        # a reduce op the pairwise transports lack, on their group: the all-reduce emulation, as before
+        return self.native.reduce_scatter_tensor(
+            output, input, rop, grp, async_op, reusable=input_reusable and input.is_contiguous(),
+            emulate=transport is not None,
+        )
 
     def reduce_scatter(
         self,
@@ -424,40 +363,13 @@ class Comm:
         if world == 1:
             output.copy_(input_list[0])
             return _DONE if async_op else None
-
-        def native() -> Any:
-            work = dist.reduce_scatter(output, list(input_list), op=rop, group=grp, async_op=async_op)
-            return self._result(work, async_op)
-
-        def emulated() -> Any:
-            full = torch.cat([t.detach().reshape(-1) for t in input_list])
-            return self._emulated_slice(full, output, rop, grp, async_op)
-
         transport = self._transport(grp, output, *input_list) if _pairwise_op(rop) and output.is_contiguous() else None
         if transport is not None:
             chunks = [
                 t.detach().reshape(-1) if t.is_contiguous() else t.detach().contiguous().view(-1) for t in input_list
             ]
             return transport.reduce_scatter(chunks, output, rop, grp, async_op)
-        if _is_avg(rop) and "avg" in self._emulated:
-            return emulated()
-        return self._native_or_emulated("reduce_scatter", native, emulated)
-
-    def _emulated_slice(self, full: torch.Tensor, output: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
-        """All-reduce the flat ``full`` (world_size x output.numel() elements), then copy this rank's slice."""
-        world = dist.get_world_size(grp)
-        rank = dist.get_rank(grp)
-        n = output.numel()
-        work = dist.all_reduce(full, op=dist.ReduceOp.SUM if _is_avg(rop) else rop, group=grp, async_op=async_op)
-
-        def finish() -> None:
-            piece = full[rank * n : (rank + 1) * n]
-            if _is_avg(rop):
-                output.copy_((piece / world).view_as(output))
-            elif piece.data_ptr() != output.data_ptr():
-                output.copy_(piece.view_as(output))
-
-        return self._result(work, async_op, finish)
+        return self.native.reduce_scatter(list(input_list), output, rop, grp, async_op)
 
     def all_gather_into_tensor(
         self,
@@ -492,19 +404,7 @@ class Comm:
         transport = self._transport(grp, input, output)
         if transport is not None:
             return transport.all_gather(input.reshape(-1), list(flat_out.split(n)), grp, async_op)
-        src = input.contiguous().view(-1)
-        if src.data_ptr() == flat_out[dist.get_rank(grp) * n :].data_ptr():
-            src = src.clone()  # collectives may not read and write the same memory
-        native_fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-        def native() -> Any:
-            return self._result(native_fn(flat_out, src, group=grp, async_op=async_op), async_op)
-
-        def emulated() -> Any:
-            views = [chunk.view_as(src) for chunk in flat_out.split(n)]
-            return self._result(dist.all_gather(views, src, group=grp, async_op=async_op), async_op)
-
-        return self._native_or_emulated("all_gather_into_tensor", native, emulated)
+        return self.native.all_gather_into_tensor(flat_out, input, grp, async_op)
 
     def all_gather(
         self, tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None, async_op: bool = False
@@ -520,16 +420,14 @@ class Comm:
             return _DONE if async_op else None
         contiguous = tensor.is_contiguous() and all(t.is_contiguous() for t in tensor_list)
         transport = self._transport(grp, tensor, *tensor_list) if contiguous else None
-        if transport is not None:
-            return transport.all_gather(tensor, tensor_list, grp, async_op)
-        return self._result(dist.all_gather(tensor_list, tensor, group=grp, async_op=async_op), async_op)
+        return (transport or self.native).all_gather(tensor, tensor_list, grp, async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Work | None:
         """Copy global rank ``src``'s ``tensor`` into ``tensor`` on every rank (in place)."""
         grp = self._group(group)
         if self.get_world_size(grp) == 1:
             return _DONE if async_op else None
-        return self._result(dist.broadcast(tensor, src=int(src), group=grp, async_op=async_op), async_op)
+        return self.native.broadcast(tensor, src, grp, async_op)
 
     def all_to_all_single(
         self, output: torch.Tensor, tensor: torch.Tensor, group: Any = None, async_op: bool = False
@@ -552,7 +450,7 @@ class Comm:
                 output.copy_(tensor)
             return _DONE if async_op else None
         _require_contiguous(output, "all_to_all_single output")
-        return self._result(dist.all_to_all_single(output, tensor.contiguous(), group=grp, async_op=async_op), async_op)
+        return self.native.all_to_all_single(output, tensor, grp, async_op)
 
     # ---------------------------------------------------------------- point-to-point
     def send(self, tensor: torch.Tensor, dst: int, *, tag: int = 0, group: Any = None) -> None:

@@ -1,8 +1,9 @@
 """The transports :class:`dscore.comm.Comm` runs a collective on, one module each, behind one interface.
 
-* native — the backend's own collectives (``torch.distributed``: NCCL, gloo, any registered backend),
-  run by :class:`~dscore.comm.Comm` itself together with its exact emulations of what a backend lacks
-  (:func:`pick` returns None); the default, and the only one a device tensor ever takes.
+* :mod:`~dscore.comm.transports.native` — the backend's own collectives (``torch.distributed``: NCCL,
+  gloo, any registered backend) with exact emulations of what a backend lacks (each
+  :class:`~dscore.comm.Comm` holds one, :attr:`Comm.native`, since the emulations it falls back to are
+  its own); the default (:func:`pick` returns None), and the only one a device tensor ever takes.
 * :mod:`~dscore.comm.transports.p2p` — gloo point-to-point: all-gathers and sum/average reduce-scatters as
   pairwise ``isend``/``irecv`` exchanges (CPU tensors on gloo).
 * :mod:`~dscore.comm.transports.shm` — same-host shared memory (:mod:`dscore.comm.shm`): those exchanges
