@@ -259,7 +259,8 @@ class ShmChannel:
         self._own = control.bytes.data_ptr()
         self._ring: deque[tuple[int, int, int]] = deque()  # outbox regions in posting order: (start, end, number)
         self._posted = 0  # exchanges launched (the last one's number)
-        self._sends: deque[tuple[Any, torch.Tensor]] = deque()  # gloo sends in flight, with what they read
+        # gloo sends in flight: (work, what it reads, peer, exchange number, descriptor in the slot?)
+        self._sends: deque[tuple[Any, torch.Tensor, int, int, bool]] = deque()
         self._abandoned: list[tuple[int, list[tuple[int, int]], Any]] = []  # exchanges dropped unwaited
         self._timeout = _timeout()
         self.shm_bytes = 0
@@ -370,8 +371,7 @@ class ShmChannel:
         seq = self._posted
         self._drain_abandoned()
         self._release_read_regions()
-        while self._sends and self._sends[0][0].is_completed():  # oldest first: they complete in order
-            self._sends.popleft()
+        self._release_sends()
         sync = self._sync
         placed: dict[int, tuple[int, int, int]] = {}  # id(tensor) -> (mode, offset, nbytes)
         for q, t in enumerate(payloads):
@@ -400,15 +400,34 @@ class ShmChannel:
                 if not by_slot:
                     self.overflows += 1
                     desc = torch.tensor((seq, *head), dtype=torch.int64, device="cpu")
-                    self._sends.append((dist.isend(desc, dst=peer, group=grp, tag=_payload_tag(seq)), desc))
+                    self._sends.append((dist.isend(desc, dst=peer, group=grp, tag=_payload_tag(seq)), desc, q, seq, False))
                 if head[0] == _MODE_TCP and nbytes:
                     copy = t.detach().clone()  # the caller may reuse its tensor once the work completes
-                    self._sends.append((dist.isend(copy, dst=peer, group=grp, tag=_payload_tag(seq)), copy))
+                    work = dist.isend(copy, dst=peer, group=grp, tag=_payload_tag(seq))
+                    self._sends.append((work, copy, q, seq, by_slot))
             if by_slot:
                 sync.publish_descriptor(slot_addr, seq, list(head))
             sync.store_release_and_wake(self._own + self._posted_off(q), seq)
         expect = [(q, t.numel() * t.element_size()) for q, t in enumerate(payloads) if q != self.rank and t is not None]
         return Exchange(self, seq, grp, expect)
+
+    def _release_sends(self) -> None:
+        """Drop the gloo sends their peer has received, with the copies they read. gloo reports a send
+        complete only once it was waited, so the peer's acknowledgement tells: an exchange whose
+        descriptor went through the slot is acknowledged only after the reader received its gloo part
+        (and its slot is reused only after that, so the acknowledgement word is this exchange's). The
+        wait then returns at once. A descriptor that went by gloo (its slot was still held: more than
+        :data:`_RING` exchanges in flight) is never acknowledged by number; its sends stay until
+        :meth:`flush`."""
+        if not self._sends:
+            return
+        keep: deque[tuple[Any, torch.Tensor, int, int, bool]] = deque()
+        for entry in self._sends:
+            if entry[4] and self._acked(entry[2], entry[3]):
+                entry[0].wait()
+            else:
+                keep.append(entry)
+        self._sends = keep
 
     def _read_desc(self, q: int, seq: int, grp: Any) -> tuple[list[int], bool]:
         peer = self._peer(q)
@@ -493,7 +512,7 @@ class ShmChannel:
             if self._abandoned:
                 time.sleep(0.01)  # a peer has not launched that exchange yet
         while self._sends:
-            w, _ = self._sends[0]
+            w = self._sends[0][0]
             left = deadline - time.monotonic()
             if left <= 0:
                 break
