@@ -129,6 +129,10 @@ class Comm:
         owns_group: True when the call that built this facade created the default group (so dscore
             owns it and may destroy it; see :mod:`dscore.comm.init`).
 
+    Attributes:
+        native: this facade's :class:`~dscore.comm.transports.native.NativeTransport` (the backend's own
+            collectives and the emulations it switched to).
+
     Raises:
         DistributedError: ``emulate`` names an operation that cannot be emulated.
     """
