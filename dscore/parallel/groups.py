@@ -31,6 +31,10 @@ __all__ = [
     "get_tensor_model_parallel_group",
     "get_tensor_model_parallel_rank",
     "get_tensor_model_parallel_world_size",
+    "get_zero_param_intra_parallel_group",
+    "get_zero_param_intra_parallel_group_ranks",
+    "get_zero_param_intra_parallel_group_world_size",
+    "get_zero_param_intra_parallel_rank_in_mygroup",
 ]
 
 
@@ -112,6 +116,38 @@ def get_sequence_data_parallel_rank() -> int:
     return current_mesh().get_sequence_data_parallel_rank()
 
 
+def get_zero_param_intra_parallel_group() -> Any:
+    """The ZeRO++ hpZ group (``zero_hpz_partition_size``) of this rank, or None when hpZ is off (as
+    DeepSpeed's ``_get_zero_param_intra_parallel_group``); ``group.WORLD`` when it spans the job."""
+    comm = current_mesh().zero_param_intra_comm
+    if comm is None:
+        return None
+    if comm.group is None:
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+    return comm.group
+
+
+def get_zero_param_intra_parallel_group_world_size() -> int:
+    """Ranks in this rank's hpZ group (1 when hpZ is off)."""
+    comm = current_mesh().zero_param_intra_comm
+    return 1 if comm is None else int(comm.world_size)
+
+
+def get_zero_param_intra_parallel_rank_in_mygroup() -> int:
+    """This rank's index in its hpZ group (0 when hpZ is off)."""
+    comm = current_mesh().zero_param_intra_comm
+    return 0 if comm is None else int(comm.rank)
+
+
+def get_zero_param_intra_parallel_group_ranks() -> list[int]:
+    """Global ranks of this rank's hpZ group (just this rank when hpZ is off)."""
+    mesh = current_mesh()
+    size = get_zero_param_intra_parallel_group_world_size()
+    return mesh.shape.zero_param_ranks(mesh.rank, size)
+
+
 # DeepSpeed's spellings (deepspeed.utils.groups)
 _get_sequence_parallel_group = get_sequence_parallel_group
 _get_sequence_parallel_world_size = get_sequence_parallel_world_size
@@ -122,3 +158,7 @@ _get_data_parallel_rank = get_data_parallel_rank
 _get_sequence_data_parallel_group = get_sequence_data_parallel_group
 _get_sequence_data_parallel_world_size = get_sequence_data_parallel_world_size
 _get_sequence_data_parallel_rank = get_sequence_data_parallel_rank
+_get_zero_param_intra_parallel_group = get_zero_param_intra_parallel_group
+_get_zero_param_intra_parallel_group_world_size = get_zero_param_intra_parallel_group_world_size
+_get_zero_param_intra_parallel_rank_in_mygroup = get_zero_param_intra_parallel_rank_in_mygroup
+_get_zero_param_intra_parallel_group_ranks = get_zero_param_intra_parallel_group_ranks

@@ -100,6 +100,27 @@ class MeshShape:
         _, _, t = self.coords(rank)
         return [self.rank_of(d, s, t) for d in range(self.dp) for s in range(self.sp)]
 
+    def zero_param_ranks(self, rank: int, hpz: int) -> list[int]:
+        """Global ranks of ``rank``'s ZeRO++ hpZ group: the gradient group cut into contiguous blocks of
+        ``hpz`` ranks (DeepSpeed's ``_create_zero_param_parallel_group``; without model parallelism the
+        world's ranks ``{0..hpz-1}, {hpz..2hpz-1}, ...``, the closest ranks, so that a block is one node).
+
+        Raises:
+            ConfigError: ``hpz`` does not divide the gradient group's size (names the key and the valid sizes).
+        """
+        grad = self.grad_ranks(rank)
+        n = len(grad)
+        if hpz < 1 or n % hpz != 0:
+            valid = [d for d in range(1, n + 1) if n % d == 0]
+            raise ConfigError(
+                f"zero_optimization.zero_hpz_partition_size {hpz} must divide the size of the group ZeRO "
+                f"partitions over, {n} ranks (world {self.world} / tensor-parallel {self.tp}); valid sizes here: "
+                f"{valid}",
+                path="zero_optimization.zero_hpz_partition_size",
+            )
+        i = grad.index(rank) // hpz
+        return grad[i * hpz : (i + 1) * hpz]
+
 
 @dataclass
 class ParallelMesh:
@@ -113,6 +134,7 @@ class ParallelMesh:
         shape: the :class:`MeshShape`.
         rank: this process's global rank; ``dp_rank`` / ``sp_rank`` / ``tp_rank`` its coordinates.
         tp_comm / sp_comm / dp_comm / grad_comm: facades bound to this rank's groups.
+        zero_param_intra_comm: the ZeRO++ hpZ group's facade once stage 3 built it, else None.
     """
 
     shape: MeshShape
@@ -122,6 +144,9 @@ class ParallelMesh:
     dp_comm: Any
     grad_comm: Any
     _owned: list[Any] = field(default_factory=list, repr=False)
+    _zero_param: dict[int, Any] = field(default_factory=dict, repr=False)
+    #: the Comm of this rank's ZeRO++ hpZ group once a stage built it (:meth:`zero_param_comm`), else None
+    zero_param_intra_comm: Any = field(default=None, repr=False)
 
     @classmethod
     def create(cls, comm: Any, *, tp: int = 1, sp: int = 1) -> ParallelMesh:
@@ -165,6 +190,39 @@ class ParallelMesh:
             shape.coords(rank),
         )
         return mesh
+
+    def zero_param_comm(self, hpz: int) -> Any:
+        """The :class:`dscore.comm.Comm` of this rank's ZeRO++ hpZ group (:meth:`MeshShape.zero_param_ranks`),
+        built on first use (collective: every rank of the mesh calls it with the same ``hpz``; then cached).
+
+        A group of the whole gradient group is ``grad_comm`` itself; ``hpz`` 1 has no group (None).
+
+        Raises:
+            ConfigError: ``hpz`` does not divide the gradient group's size.
+        """
+        if hpz in self._zero_param:
+            return self._zero_param[hpz]
+        mine = self.shape.zero_param_ranks(self.rank, hpz)
+        if hpz == 1:
+            comm = None
+        elif len(mine) == len(self.shape.grad_ranks(self.rank)):
+            comm = self.grad_comm
+        else:
+            comm = None
+            seen: list[list[int]] = []
+            for r in range(self.shape.world):  # every rank creates every group, in global order
+                ranks = self.shape.zero_param_ranks(r, hpz)
+                if ranks in seen:
+                    continue
+                seen.append(ranks)
+                group = self.grad_comm.new_group(ranks)
+                self._owned.append(group)
+                if self.rank in ranks:
+                    comm = self.grad_comm.bound_to(group)
+        self._zero_param[hpz] = comm
+        self.zero_param_intra_comm = comm
+        log.info("mesh: ZeRO++ hpZ groups of %d rank(s); rank %d in %s", hpz, self.rank, mine)
+        return comm
 
     @property
     def tp_size(self) -> int:

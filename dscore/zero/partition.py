@@ -19,13 +19,16 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from dscore.comm import Comm, Work
 from dscore.zero.buffer_cache import GatherBufferCache
 from dscore.zero.layout import packed_offsets
+
+if TYPE_CHECKING:
+    from dscore.zero.hpz import SecondaryPartition
 
 __all__ = ["FlatUnit", "ZeroParamStatus", "unit_of", "is_partitioned"]
 
@@ -122,6 +125,9 @@ class FlatUnit:
         #: weights, :mod:`dscore.zero.quantize`); the partition itself stays exact
         self.quantize_block = 0
         self.quantized_view = False  # ``full`` holds a quantized gather (never written back)
+        #: None, or this unit's ZeRO++ hpZ secondary partition (:mod:`dscore.zero.hpz`): a gather reads it
+        #: inside the smaller hpZ group while it holds a copy of the unit's current values of that kind
+        self.secondary: SecondaryPartition | None = None
         self._handle: Work | None = None
         self.bind_views()
 
@@ -158,6 +164,8 @@ class FlatUnit:
         self.gathered = True
         self._set_status(ZeroParamStatus.AVAILABLE)
         self.quantized_view = False
+        if self.secondary is not None:
+            self.secondary.drop()
 
     # ------------------------------------------------------------------ gather / release
     def _ensure_storage(self) -> None:
@@ -195,6 +203,12 @@ class FlatUnit:
 
     def _launch(self, async_op: bool, quantized: bool = False) -> None:
         self.quantized_view = bool(quantized and self.quantize_block)
+        sec = self.secondary
+        if sec is not None:  # hpZ: gather inside the smaller group while a copy of this kind is kept
+            work = sec.launch(self.quantized_view)
+            if work is not None:
+                self._handle = work
+                return
         if self.partition_source is not None:
             self.partition_source(self)
         src = self.partition
@@ -203,13 +217,14 @@ class FlatUnit:
         if self.quantized_view:
             self._handle = self._launch_quantized(src)
             return
-        self._handle = self.comm.all_gather_into_tensor(self.full, src, async_op=True)
+        work = self.comm.all_gather_into_tensor(self.full, src, async_op=True)
+        self._handle = work if sec is None else Work([work], sec.keep_exact)
 
     def _launch_quantized(self, src: torch.Tensor) -> Work:
         """All-gather int8 blocks and their scales; the returned work dequantizes into ``full`` when waited."""
-        from dscore.zero.quantize import dequantize_int8_blockwise, quantize_int8_blockwise
+        from dscore.zero.quantize import quantize_int8_blockwise
 
-        block, world, chunk = self.quantize_block, self.world, self.chunk
+        block, world = self.quantize_block, self.world
         q, scales = quantize_int8_blockwise(src, block)
         q_all = torch.empty(world * q.numel(), dtype=torch.int8, device=self.full.device)
         s_all = torch.empty(world * scales.numel(), dtype=torch.float32, device=self.full.device)
@@ -217,19 +232,31 @@ class FlatUnit:
             self.comm.all_gather_into_tensor(q_all, q, async_op=True),
             self.comm.all_gather_into_tensor(s_all, scales, async_op=True),
         ]
-        full = self.full
+        sec = self.secondary
 
         def finish() -> None:
-            for r, (qr, sr) in enumerate(zip(q_all.chunk(world), s_all.chunk(world))):
-                dequantize_int8_blockwise(qr, sr, full[r * chunk : (r + 1) * chunk], block)
+            self.dequantize_gathered(q_all, s_all)
+            if sec is not None:
+                sec.keep_quantized(q_all, s_all)
 
         return Work(works, finish)
+
+    def dequantize_gathered(self, q_all: torch.Tensor, s_all: torch.Tensor) -> None:
+        """Write a quantized gather into ``full``: ``q_all`` int8 ``[world · blocks · block]`` and ``s_all``
+        fp32 ``[world · blocks]``, every rank's chunk in rank order (:mod:`dscore.zero.quantize`)."""
+        from dscore.zero.quantize import dequantize_int8_blockwise
+
+        block, world, chunk, full = self.quantize_block, self.world, self.chunk, self.full
+        for r, (qr, sr) in enumerate(zip(q_all.chunk(world), s_all.chunk(world))):
+            dequantize_int8_blockwise(qr, sr, full[r * chunk : (r + 1) * chunk], block)
 
     def refresh(self, *, async_op: bool = False) -> None:
         """Re-gather a gathered unit after its partition changed (e.g. after an optimizer step)."""
         if not self.gathered:
             return
         self.wait()
+        if self.secondary is not None:  # the partition changed: a kept copy is stale
+            self.secondary.drop()
         self._launch(async_op)
         if not async_op:
             self.wait()
@@ -267,6 +294,8 @@ class FlatUnit:
             self.partition_source(self)
         with torch.no_grad():
             self.partition.copy_(self.own_slice())
+        if self.secondary is not None:
+            self.secondary.drop()
         for cb in self.on_modified:
             cb(self)
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
 from dscore.config.base import Float, Int, NonNegativeInt, PositiveInt, SectionModel, no_effect, not_implemented
 from dscore.errors import ConfigError
@@ -195,8 +195,12 @@ class ZeroConfig(SectionModel):
     """Stage 1/2 with offload: copy gradients to CPU in round-robin order across ranks."""
     parameter_alignment: bool = Field(False, json_schema_extra=no_effect("a DeepSpeed memory-layout knob"))
     """Align partition boundaries to the parameter boundaries."""
-    zero_hpz_partition_size: PositiveInt = Field(1, json_schema_extra=not_implemented("ZeRO++ hierarchical partitioning (hpZ)"))
-    """ZeRO++ hierarchical partitioning group size (1 disables; larger values are refused: not implemented)."""
+    zero_hpz_partition_size: NonNegativeInt = 1
+    """ZeRO++ hierarchical partitioning (hpZ, stage 3): after a unit's all-gather over the data-parallel
+    group, each rank keeps a secondary partition sharded over its group of this many contiguous ranks, and
+    the next gathers (backward, further micro steps until the optimizer step) read it inside that group
+    (:mod:`dscore.zero.hpz`). 0 and 1 disable it (DeepSpeed's ``ge=0``); it must divide the ZeRO group's
+    size (checked when the engine is built)."""
     zero_quantized_weights: bool = False
     """ZeRO++ quantized weights (stage 3): the training all-gathers of non-persistent units send int8 blocks
     (at most 2048 elements, splitting each rank's chunk evenly) with an fp32 scale each
@@ -238,14 +242,36 @@ class ZeroConfig(SectionModel):
             object.__setattr__(self, "overlap_comm", self.stage == 3)
         if not self.compute_grad_norm and self.stage not in (1, 2):
             raise ValueError(f"compute_grad_norm: false is supported only with stage 1 or 2, not stage {self.stage}")
-        # ZeRO++: quantized weights are implemented (stage 3 only, as DeepSpeed); hpZ and qgZ are refused by
-        # their not_implemented markers (dscore.config.field_policy), each naming its key path
+        # ZeRO++: quantized weights and hpZ are implemented (stage 3 only); qgZ is refused by its
+        # not_implemented marker (dscore.config.field_policy), naming its key path
         if (self.zero_quantized_weights or self.zero_quantized_nontrainable_weights) and self.stage != 3:
             raise ValueError(
                 "zero_quantized_weights / zero_quantized_nontrainable_weights quantize ZeRO stage 3's parameter "
                 f"all-gathers; they need stage 3, not stage {self.stage}"
             )
         return self
+
+    @field_validator("zero_hpz_partition_size", mode="after")
+    @classmethod
+    def _check_hpz(cls, hpz: int, info: ValidationInfo) -> int:
+        """hpZ needs stage 3 and composes with offload_param only on the host (the group size against the
+        world is checked when the engine is built: :mod:`dscore.zero.hpz`)."""
+        if hpz <= 1:
+            return hpz
+        stage = info.data.get("stage", 0)
+        if stage != 3:
+            raise ValueError(
+                "ZeRO++ hierarchical partitioning (hpZ) keeps secondary copies of ZeRO stage 3's parameter "
+                f"partitions; it needs zero_optimization.stage 3, not {stage} (0 or 1 disable it)"
+            )
+        offload = info.data.get("offload_param")
+        if offload is not None and offload.device == "nvme":
+            raise ValueError(
+                'ZeRO++ hierarchical partitioning (hpZ) cannot be combined with offload_param.device "nvme": '
+                "the secondary partitions would live in host memory, which NVMe offload exists to spare; use "
+                'offload_param.device "cpu" or "none", or zero_hpz_partition_size 1'
+            )
+        return hpz
 
     @classmethod
     def migrate_legacy(cls, value: Any, *, root: dict[str, Any], warn: Callable[[str], None]) -> Any:

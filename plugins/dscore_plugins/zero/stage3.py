@@ -75,6 +75,7 @@ from dscore.errors import ConfigError, DistributedError
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.buffer_cache import GatherBufferCache
+from dscore.zero.hpz import build_hierarchical_partitioning
 from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
 from dscore.zero.leaf import apply_leaf_module_config, z3_leaf_module
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
@@ -343,6 +344,10 @@ class Stage3(ZeroStage):
         self._nvme = nvme_attach(ctx, self._optimizer, [m for m in self.masters if m is not None],
                                  [self._partition_target(k) for k, m in enumerate(self.masters) if m is not None], self.rank)
         self._manager: Stage3ParameterManager | None = None
+        # ZeRO++ hpZ (dscore.zero.hpz): gathers after the first one read secondary partitions in a smaller group
+        self.hpz = build_hierarchical_partitioning(ctx.runtime, self.comm, int(zc.zero_hpz_partition_size))
+        if self.hpz is not None:
+            self.hpz.attach(s.unit for s in self.units if not s.unit.persistent and s.unit.comm is self.comm)
         if self._optimizer is not None:
             self._optimizer.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
 
@@ -843,6 +848,8 @@ class Stage3(ZeroStage):
 
     @torch.no_grad()
     def _masters_to_partitions(self) -> None:
+        if self.hpz is not None:  # trainable partitions change: their hpZ copies are stale (frozen ones keep)
+            self.hpz.invalidate(s.unit for s in self.units if s.trainable)
         for key, m in enumerate(self.masters):
             # an empty master is on NVMe: its step already wrote the partition
             if m is None or not m.numel():
@@ -879,12 +886,15 @@ class Stage3(ZeroStage):
 
     def empty_partition_cache(self) -> None:
         """Release every gathered, non-persistent unit (not one in use by a running forward) and free the
-        gather buffers kept for reuse."""
+        gather buffers kept for reuse and the ZeRO++ hpZ secondary partitions (the next gathers go over the
+        whole group)."""
         for s in list(self._gathered.values()):
             if id(s.unit) not in self._in_use:
                 self._release(s)
         if self.buffer_cache is not None:
             self.buffer_cache.empty()
+        if self.hpz is not None:
+            self.hpz.invalidate()
 
     def close(self) -> None:
         """Remove the NVMe swap files (``offload_optimizer`` / ``offload_param`` on nvme; ``engine.close()``)."""
@@ -974,5 +984,7 @@ class Stage3(ZeroStage):
         if self._pswap is not None:  # resident unit partitions (persistent ones and the NVMe cache)
             params += sum(s.unit.partition.numel() * s.unit.partition.element_size() for s in self.units)
         params += sum(s.unit.padded * s.unit.full.element_size() for s in self.units if s.unit.gathered)
+        if self.hpz is not None:  # ZeRO++ hpZ secondary partitions
+            params += self.hpz.nbytes()
         grads = sum(g.numel() * g.element_size() for g in self.master_grads)
         return {"optimizer_state": opt_bytes + masters, "parameters": params, "gradients": grads}
