@@ -49,7 +49,9 @@ def test_deepspeed_parallel_names_are_dscores_objects() -> None:
     for name in ("_get_sequence_parallel_group", "_get_sequence_parallel_world_size", "_get_sequence_parallel_rank",
                  "_get_sequence_data_parallel_group", "_get_sequence_data_parallel_world_size",
                  "_get_sequence_data_parallel_rank", "_get_data_parallel_group", "_get_data_parallel_world_size",
-                 "_get_data_parallel_rank"):
+                 "_get_data_parallel_rank", "_get_zero_param_intra_parallel_group",
+                 "_get_zero_param_intra_parallel_group_world_size", "_get_zero_param_intra_parallel_rank_in_mygroup",
+                 "_get_zero_param_intra_parallel_group_ranks"):
         assert getattr(groups, name) is getattr(dgroups, name.lstrip("_")), name
     for name in dgroups.__all__:
         if name != "current_mesh":
@@ -62,7 +64,7 @@ def test_what_dscore_lacks_is_refused_by_name() -> None:
     from deepspeed.utils import groups
 
     for name in ("get_model_parallel_world_size", "_get_expert_parallel_group", "initialize",
-                 "_get_zero_param_intra_parallel_group"):
+                 "_create_zero_param_parallel_group"):
         with pytest.raises(DscoreError, match=f"deepspeed.utils.groups.{name} .DeepSpeed 0.19.8. is not provided"):
             getattr(groups, name)
     for name in ("SequenceTiledCompute", "TiledFusedLogitsLoss", "AutogradComputeMLP"):

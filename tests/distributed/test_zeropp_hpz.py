@@ -120,9 +120,16 @@ def _train(hpz: int, dtype: str, quantized: bool, offload: bool = False) -> dict
                 losses.append(float(loss.detach()))
     finally:
         log.close()
+    from dscore.parallel import groups
+    from dscore.runtime.context import use_runtime
+
+    with use_runtime(engine.runtime):  # DeepSpeed's accessors of the hpZ group
+        group_ranks = (groups.get_zero_param_intra_parallel_group_ranks(),
+                       groups.get_zero_param_intra_parallel_group_world_size())
     weights = {k: v.float() for k, v in stage.module_state_dict().items()}  # exact gathers
     engine.close()
-    return {"losses": losses, "weights": weights, "bytes": log.bytes_by(), "kept": kept, "kinds": sorted(kinds)}
+    return {"losses": losses, "weights": weights, "bytes": log.bytes_by(), "kept": kept, "kinds": sorted(kinds),
+            "group": group_ranks}
 
 
 def _all_variants() -> dict:
@@ -135,7 +142,7 @@ def _all_variants() -> dict:
         base, hier = _train(1, dtype, quantized, offload), _train(2, dtype, quantized, offload)
         out[f"{dtype}{'+qwZ' if quantized else ''}{'+offload_param' if offload else ''}"] = {
             "same_weights": [k for k in base["weights"] if not torch.equal(base["weights"][k], hier["weights"][k])],
-            **{f"{k}{h}": r[k] for h, r in ((1, base), (2, hier)) for k in ("losses", "bytes", "kept", "kinds")},
+            **{f"{k}{h}": r[k] for h, r in ((1, base), (2, hier)) for k in ("losses", "bytes", "kept", "kinds", "group")},
         }
     return out
 
@@ -161,6 +168,7 @@ def test_hpz_equals_zero3_bit_for_bit_and_gathers_backward_in_blocks(four_ranks:
                 assert sum(hb[phase].values()) == sum(base[phase].values()), (name, phase)
             assert r["kept2"] > r["kept1"]  # the secondary partitions cost memory
             assert r["kinds2"] == (["quantized"] if "qwZ" in name else ["exact"]), (name, r["kinds2"])
+            assert r["group1"] == ([rank], 1) and r["group2"] == (list(blocks[rank]), 2), (r["group1"], r["group2"])
     print("rank 0 all_gather output bytes per phase and group:",
           {n: {"hpz1": r["bytes1"], "hpz2": r["bytes2"], "kept": (r["kept1"], r["kept2"])} for n, r in results[0].items()})
 

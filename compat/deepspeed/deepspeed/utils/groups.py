@@ -5,7 +5,8 @@ The accessors read the mesh of the current dscore runtime (inside ``engine.forwa
 :func:`dscore.parallel.groups.current_mesh`. DeepSpeed spells the sequence and sequence-data accessors
 with a leading underscore (``_get_sequence_parallel_group``, what Accelerate and transformers call); dscore's
 public spellings (``get_sequence_parallel_group``) are here too. DeepSpeed 0.19.8 accessors dscore does not provide (expert
-parallelism, ZeRO++ parameter groups, the setters and initializers of DeepSpeed's module-level group state)
+parallelism, creating the ZeRO++ parameter groups (stage 3 builds them from ``zero_hpz_partition_size``; the
+``_get_zero_param_intra_parallel_*`` readers are here), the setters and initializers of DeepSpeed's module-level group state)
 raise :class:`dscore.errors.DscoreError` naming the accessor.
 """
 
@@ -27,6 +28,10 @@ from dscore.parallel.groups import (
     get_tensor_model_parallel_group,
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
+    get_zero_param_intra_parallel_group,
+    get_zero_param_intra_parallel_group_ranks,
+    get_zero_param_intra_parallel_group_world_size,
+    get_zero_param_intra_parallel_rank_in_mygroup,
 )
 
 # DeepSpeed's underscored spellings (what Accelerate and transformers call)
@@ -39,6 +44,10 @@ _get_sequence_data_parallel_world_size = get_sequence_data_parallel_world_size
 _get_sequence_parallel_group = get_sequence_parallel_group
 _get_sequence_parallel_rank = get_sequence_parallel_rank
 _get_sequence_parallel_world_size = get_sequence_parallel_world_size
+_get_zero_param_intra_parallel_group = get_zero_param_intra_parallel_group
+_get_zero_param_intra_parallel_group_ranks = get_zero_param_intra_parallel_group_ranks
+_get_zero_param_intra_parallel_group_world_size = get_zero_param_intra_parallel_group_world_size
+_get_zero_param_intra_parallel_rank_in_mygroup = get_zero_param_intra_parallel_rank_in_mygroup
 
 __all__ = [
     "_get_data_parallel_group",
@@ -50,6 +59,10 @@ __all__ = [
     "_get_sequence_parallel_group",
     "_get_sequence_parallel_rank",
     "_get_sequence_parallel_world_size",
+    "_get_zero_param_intra_parallel_group",
+    "_get_zero_param_intra_parallel_group_ranks",
+    "_get_zero_param_intra_parallel_group_world_size",
+    "_get_zero_param_intra_parallel_rank_in_mygroup",
     "get_data_parallel_group",
     "get_data_parallel_rank",
     "get_data_parallel_world_size",
@@ -62,6 +75,10 @@ __all__ = [
     "get_tensor_model_parallel_group",
     "get_tensor_model_parallel_rank",
     "get_tensor_model_parallel_world_size",
+    "get_zero_param_intra_parallel_group",
+    "get_zero_param_intra_parallel_group_ranks",
+    "get_zero_param_intra_parallel_group_world_size",
+    "get_zero_param_intra_parallel_rank_in_mygroup",
 ]
 
 # DeepSpeed 0.19.8's other names in deepspeed.utils.groups, which dscore does not provide
@@ -78,9 +95,7 @@ _NOT_PROVIDED = frozenset({
     "_get_expert_data_parallel_group_dict", "_get_expert_broadcast_src_rank", "_get_expert_parallel_world_size",
     "_get_expert_data_parallel_world_size", "_get_expert_parallel_rank", "_get_expert_parallel_src_rank",
     "_get_expert_data_parallel_rank", "_get_expert_model_parallel_world_size",
-    "_create_zero_param_parallel_group", "_get_zero_param_intra_parallel_group",
-    "_zero_param_parallel_is_initialized", "_get_zero_param_intra_parallel_rank_in_mygroup",
-    "_get_zero_param_intra_parallel_group_world_size", "_get_zero_param_intra_parallel_group_ranks",
+    "_create_zero_param_parallel_group", "_zero_param_parallel_is_initialized",
 })
 
 
@@ -88,7 +103,7 @@ def __getattr__(name: str) -> Any:
     if name in _NOT_PROVIDED:
         raise DscoreError(
             f"deepspeed.utils.groups.{name} (DeepSpeed 0.19.8) is not provided by dscore: dscore has no "
-            "module-level group state, expert parallelism or ZeRO++ parameter groups; the groups it builds "
+            "module-level group state or expert parallelism, and builds the ZeRO++ hpZ groups itself; the groups it builds "
             f"are read with {', '.join(n for n in __all__ if not n.startswith('_'))} (dscore.parallel.groups) "
             "or from engine.runtime.mesh"
         )
