@@ -174,7 +174,9 @@ def test_hpz_equals_zero3_bit_for_bit_and_gathers_backward_in_blocks(four_ranks:
 
 
 def _checkpoint_roundtrip(save_dir: str) -> dict:
-    """Train 2 steps at one hpz, save; load at the other hpz; both train 1 more step: same bits."""
+    """Train 2 steps at one hpz, save; load at the other hpz; both halve a weight through
+    ``GatheredParameters`` and train 1 more step: same bits (kept hpZ copies were dropped when the weights
+    changed under them: by the load, by the user's edit)."""
     import torch
     import torch.nn.functional as F
 
@@ -194,9 +196,20 @@ def _checkpoint_roundtrip(save_dir: str) -> dict:
                 saver.backward(F.mse_loss(saver(x).float(), y))
                 saver.step()
         saver.save_checkpoint(save_dir, tag=tag)
+        x0, _ = _batch(rank, 0, 0, torch.bfloat16)
+        with torch.no_grad():  # with hpz 2 the loader keeps copies of its initial weights: loading drops them
+            loader(x0)
         loader.load_checkpoint(save_dir, tag=tag)
         losses: dict[str, list[float]] = {}
+        kept: dict[str, list[str]] = {}
         for which, engine in engines.items():
+            with torch.no_grad():  # fresh hpZ copies; then a user edit (write_back) must drop them
+                engine(x0)
+            hpz = engine.zero_stage_impl.hpz
+            kept[which] = sorted({str(sec.kind) for sec in hpz.secondaries}) if hpz is not None else []
+            with dscore.zero.GatheredParameters(list(engine.module[0].parameters()), modifier_rank=0):
+                for p in engine.module[0].parameters():
+                    p.data.mul_(0.5)
             losses[which] = []
             for micro in range(GAS):
                 x, y = _batch(rank, 2, micro, torch.bfloat16)
@@ -206,7 +219,7 @@ def _checkpoint_roundtrip(save_dir: str) -> dict:
                 losses[which].append(float(loss.detach()))
         w = {which: e.zero_stage_impl.module_state_dict() for which, e in engines.items()}
         same = all(torch.equal(w["saver"][k], w["loader"][k]) for k in w["saver"])
-        out[tag] = {"losses": losses, "same_weights": same}
+        out[tag] = {"losses": losses, "same_weights": same, "kept": kept}
         for e in engines.values():
             e.close()
     return out
@@ -217,6 +230,8 @@ def test_checkpoints_load_across_hpz(four_ranks: list[dict]) -> None:
         for tag, r in res["checkpoints"].items():
             assert r["losses"]["saver"] == r["losses"]["loader"], tag
             assert r["same_weights"], tag
+            hpz2 = "saver" if tag == "hpz2" else "loader"
+            assert r["kept"][hpz2] == ["exact"], r["kept"]  # the copies the edit had to drop existed
 
 
 def _refusal(cfg_block: dict) -> str:
