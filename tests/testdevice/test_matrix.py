@@ -60,6 +60,8 @@ def _cells(tmp: str) -> list[dict[str, Any]]:
     cells += [
         {"stage": 3, "precision": "fp32", "offload": "cpu", "param_offload": True},
         {"stage": 3, "precision": "bf16", "param_offload": True},
+        {"stage": 3, "precision": "fp32", "hpz": 2},
+        {"stage": 3, "precision": "bf16", "param_offload": True, "hpz": 2},
         {"stage": 2, "precision": "fp32", "gas": 1, "clip": False},
         {"stage": 2, "precision": "fp32", "offload": "cpu", "gas": 3},
     ]

@@ -34,7 +34,7 @@ def make_model() -> Any:
 
 
 def engine_config(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
-    """The ds_config of ``cell`` (keys: stage, precision, offload, param_offload, gas, clip)."""
+    """The ds_config of ``cell`` (keys: stage, precision, offload, param_offload, gas, clip, hpz)."""
     gas = cell.get("gas", GAS)
     cfg: dict[str, Any] = {
         "accelerator": accelerator,
@@ -68,6 +68,8 @@ def engine_config(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
         cfg["zero_force_ds_cpu_optimizer"] = False
     if cell.get("param_offload"):
         cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if cell.get("hpz"):  # ZeRO++ hpZ; units re-gathered in backward (from the secondary partitions)
+        cfg["zero_optimization"].update(zero_hpz_partition_size=cell["hpz"], stage3_max_reuse_distance=0)
     return cfg
 
 
