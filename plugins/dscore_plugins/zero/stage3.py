@@ -40,6 +40,11 @@ compute-dtype partitions in (pinned) host memory and copies them to the device f
 ``offload_param: nvme`` keeps each unit's partition in a swap file, resident only around its use
 (:mod:`.nvme_params`), and ``offload_optimizer: nvme`` the masters and optimizer state (:mod:`.nvme_optimizer`).
 
+**ZeRO++ hpZ** (``zero_hpz_partition_size``, :mod:`dscore.zero.hpz`): non-persistent units keep a
+secondary partition after a gather over the whole group, and later gathers (backward, further micro steps)
+run inside blocks of that many contiguous ranks until the optimizer step invalidates them (frozen units
+keep theirs); gradients and the step are unchanged, so training is ZeRO-3's bit for bit.
+
 **Ranks running different modules.** Collectives are issued from module hooks in execution order, so
 every rank must run the same modules. A ZeRO-3 *leaf* (``zero_optimization.leaf_module`` or
 :func:`dscore.zero.set_z3_leaf_modules`; :mod:`dscore.zero.leaf`) gets the units of its whole subtree
@@ -256,12 +261,14 @@ class Stage3(ZeroStage):
         ctx: the engine's context. Reads ``zero_optimization.{overlap_comm, reduce_scatter,
             prefetch_bucket_size, max_live_parameters, max_reuse_distance, param_persistence_threshold,
             offload_optimizer, offload_param, gather_16bit_weights_on_model_save, sub_group_size, leaf_module,
-            load_from_fp32_weights}``, ``gradient_clipping``, ``prescale_gradients``,
+            load_from_fp32_weights, zero_quantized_weights, zero_quantized_nontrainable_weights,
+            zero_hpz_partition_size}``, ``gradient_clipping``, ``prescale_gradients``,
             ``gradient_predivide_factor`` and ``communication_data_type`` (validated models: ``ctx.section``
             / ``ctx.config``).
 
     Raises:
-        ConfigError: an unwritable ``nvme_path`` or too small ``offload_param.buffer_size``; a parameter in two groups.
+        ConfigError: an unwritable ``nvme_path`` or too small ``offload_param.buffer_size``; a parameter in two
+            groups; ``zero_hpz_partition_size`` not dividing the ZeRO group's size.
     """
 
     stage = 3
