@@ -10,7 +10,8 @@ ZeRO stage 3 stores each :class:`~dscore.zero.partition.FlatUnit` as ``world`` e
 contiguous ranks (:meth:`dscore.parallel.mesh.MeshShape.zero_param_ranks`: ``{0..h-1}, {h..2h-1}, ...``,
 one node each when ``h`` is the GPUs per node). When a unit has been gathered over the whole group, rank
 ``j`` of its block keeps piece ``j`` of the ``h`` equal pieces of the gathered flat buffer: its *secondary
-partition* (``padded / h`` elements). Until the unit's values change, later gathers of the unit (the
+partition* (``padded / h`` elements; also right after the unit is built, from the full values every rank
+holds then, as DeepSpeed's first partitioning does). Until the unit's values change, later gathers of the unit (the
 backward re-gathers, the forwards of further micro steps) all-gather the secondary partitions inside the
 block only: on a cluster, over the fast intra-node links. Gradients are still reduce-scattered over the
 whole group and the optimizer still steps the primary partitions; after an optimizer step (and whenever a
@@ -109,6 +110,26 @@ class SecondaryPartition:
         self.q = self._piece(q_all)
         self.scales = self._piece(s_all)
 
+    def keep_initial(self) -> None:
+        """Keep this rank's piece right after the unit was built, while every rank holds its full values
+        (DeepSpeed keeps secondary tensors from the first partitioning, so the first forward already gathers
+        inside the block). A unit whose training gathers are quantized keeps the int8 blocks and scales of
+        each rank's chunk in its piece, computed here as that rank's gather would (same values, same code:
+        the same bits)."""
+        unit = self.unit
+        block = unit.quantize_block
+        if not block:
+            self.keep_exact()
+            return
+        from dscore.zero.quantize import quantize_int8_blockwise
+
+        per, chunk = unit.world // self.size, unit.chunk
+        pieces = [quantize_int8_blockwise(unit.full[r * chunk : (r + 1) * chunk], block)
+                  for r in range(self.index * per, (self.index + 1) * per)]  # fmt: skip
+        self.drop()
+        self.q = torch.cat([q for q, _ in pieces]).to(self.store)
+        self.scales = torch.cat([s for _, s in pieces]).to(self.store)
+
     def launch(self, quantized: bool) -> Work | None:
         """Start the unit's gather from the secondary partitions of its block, or return None when the
         kept copy is not of the requested kind (the unit then gathers over the whole group).
@@ -159,8 +180,12 @@ class HierarchicalPartitioning:
             )
         self.secondaries: list[SecondaryPartition] = []
 
-    def attach(self, units: Iterable[FlatUnit]) -> None:
-        """Give each unit a :class:`SecondaryPartition` (kept on its primary partition's device).
+    def attach(self, units: Iterable[FlatUnit], store: torch.device | None = None) -> None:
+        """Give each unit a :class:`SecondaryPartition`.
+
+        Args:
+            store: where the kept copies live (the host under parameter offload); default: the device of
+                the unit's primary partition.
 
         Raises:
             ValueError: a unit is partitioned over another group than the primary one.
@@ -168,7 +193,7 @@ class HierarchicalPartitioning:
         for u in units:
             if u.world != self.world:
                 raise ValueError(f"unit {u.name!r} is partitioned over {u.world} ranks, hpZ's group over {self.world}")
-            sec = SecondaryPartition(u, self.comm, u.partition.device)
+            sec = SecondaryPartition(u, self.comm, store if store is not None else u.partition.device)
             u.secondary = sec
             self.secondaries.append(sec)
 

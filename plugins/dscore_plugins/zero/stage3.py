@@ -308,6 +308,8 @@ class Stage3(ZeroStage):
         self.comm_dtype = comm_dtype_of(cfg.communication_data_type)
 
         module = ctx.module
+        # ZeRO++ hpZ (dscore.zero.hpz): gathers read secondary partitions inside a smaller group
+        self.hpz = build_hierarchical_partitioning(ctx.runtime, self.comm, int(zc.zero_hpz_partition_size))
         apply_leaf_module_config(module, zc.leaf_module)
         self.group_params = unique_trainable(ctx.param_groups)
         refuse_expert_parameters(self.group_params, self.stage)
@@ -351,10 +353,6 @@ class Stage3(ZeroStage):
         self._nvme = nvme_attach(ctx, self._optimizer, [m for m in self.masters if m is not None],
                                  [self._partition_target(k) for k, m in enumerate(self.masters) if m is not None], self.rank)
         self._manager: Stage3ParameterManager | None = None
-        # ZeRO++ hpZ (dscore.zero.hpz): gathers after the first one read secondary partitions in a smaller group
-        self.hpz = build_hierarchical_partitioning(ctx.runtime, self.comm, int(zc.zero_hpz_partition_size))
-        if self.hpz is not None:
-            self.hpz.attach(s.unit for s in self.units if not s.unit.persistent and s.unit.comm is self.comm)
         if self._optimizer is not None:
             self._optimizer.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
 
@@ -462,6 +460,9 @@ class Stage3(ZeroStage):
                 # elements that split this rank's chunk evenly (no padding beyond a few elements)
                 blocks = -(-unit.chunk // QUANT_BLOCK)
                 unit.quantize_block = -(-unit.chunk // blocks)
+            if self.hpz is not None and not unit.persistent and unit.comm is self.comm:
+                self.hpz.attach([unit], store=torch.device("cpu") if self.offload_param else None)
+                unit.secondary.keep_initial()  # type: ignore[union-attr]  # kept from the first partitioning
             if not unit.persistent:
                 unit.release()
             st = _UnitState(unit, key, len(self.units))
