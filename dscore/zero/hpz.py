@@ -27,8 +27,8 @@ sends int8 inside the block and dequantizes exactly as the forward did. DeepSpee
 the dequantized secondary tensor in new blocks (a second rounding error, and 2 bytes per element kept);
 dscore's values equal quantized ZeRO-3's bit for bit and the kept copy is ~0.5x of DeepSpeed's in bf16.
 
-**Memory.** Each gathered, non-persistent unit keeps ``padded / h`` elements (int8 plus one fp32 scale
-per block when quantized) per rank until the next optimizer step, on the device of the unit's primary
+**Memory.** Each non-persistent unit keeps ``padded / h`` elements (int8 plus one fp32 scale per block
+when quantized) per rank, except between an optimizer step and its next gather, on the device of the unit's primary
 partition (the host under ``offload_param: cpu``, copied to the device for each gather).
 ``engine.empty_partition_cache()`` drops them too. Persistent units (``stage3_param_persistence_threshold``)
 stay gathered and keep none.
