@@ -41,9 +41,10 @@ compute-dtype partitions in (pinned) host memory and copies them to the device f
 (:mod:`.nvme_params`), and ``offload_optimizer: nvme`` the masters and optimizer state (:mod:`.nvme_optimizer`).
 
 **ZeRO++ hpZ** (``zero_hpz_partition_size``, :mod:`dscore.zero.hpz`): non-persistent units keep a
-secondary partition after a gather over the whole group, and later gathers (backward, further micro steps)
-run inside blocks of that many contiguous ranks until the optimizer step invalidates them (frozen units
-keep theirs); gradients and the step are unchanged, so training is ZeRO-3's bit for bit.
+secondary partition from their construction and after each gather over the whole group; the other gathers
+(backward, further micro steps) run inside blocks of that many contiguous ranks. The optimizer step drops
+the trainable units' copies (frozen units keep theirs); gradients and the step are unchanged, so training
+is ZeRO-3's bit for bit.
 
 **Ranks running different modules.** Collectives are issued from module hooks in execution order, so
 every rank must run the same modules. A ZeRO-3 *leaf* (``zero_optimization.leaf_module`` or
