@@ -78,6 +78,10 @@ def _run(clip: float, **zero: Any) -> dict:
     groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters())})
     engine, *_ = dscore.initialize(model=model, model_parameters=groups, config=_config(3, clip, **zero))
     stage = engine.zero_stage_impl
+    # the expert groups are the mesh's: the layer dispatches over its EP group, expert units live on its EDP group
+    eg = engine.runtime.mesh.expert_groups(ep)
+    assert model.moe.deepspeed_moe.ep_comm is eg.ep_comm
+    assert all(s.unit.comm is eg.edp_comm for s in stage.units if ".deepspeed_experts." in stage.names[id(s.unit.params[0])])
     # expert units live on the expert-data-parallel group (world / ep ranks), the rest on all ranks
     unit_worlds = {(".deepspeed_experts." in stage.names.get(id(s.unit.params[0]), "")): s.unit.world for s in stage.units}
     assert unit_worlds == {True: world // ep, False: world}, unit_worlds

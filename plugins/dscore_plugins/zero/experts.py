@@ -36,18 +36,19 @@ __all__ = [
 ]
 
 
-def expert_comm(comm: Any, p: torch.Tensor) -> Any:
+def expert_comm(comm: Any, p: torch.Tensor, mesh: Any = None) -> Any:
     """The comm parameter ``p`` is partitioned over: its EDP group's for an MoE expert parameter
-    (``group_name = "ep_size_<E>"``), else ``comm`` (the data-parallel group's). Collective on first use
-    of an ``ep_size`` (:func:`dscore.moe.groups.expert_groups`)."""
+    (``group_name = "ep_size_<E>"``; a group of ``mesh``, the run's mesh, when given), else ``comm`` (the
+    data-parallel group's). Collective on first use of an ``ep_size`` (:func:`dscore.moe.groups.expert_groups`)."""
     if not is_moe_param(p):
         return comm
-    return expert_groups(comm, int(p.group_name.rsplit("_", 1)[1])).edp_comm  # type: ignore[attr-defined]
+    ep_size = int(p.group_name.rsplit("_", 1)[1])  # type: ignore[attr-defined]
+    return expert_groups(comm, ep_size, mesh=mesh).edp_comm
 
 
-def group_comm(comm: Any, gi: int, params: Sequence[torch.nn.Parameter]) -> Any:
+def group_comm(comm: Any, gi: int, params: Sequence[torch.nn.Parameter], mesh: Any = None) -> Any:
     """The comm optimizer group ``gi`` is partitioned over: ``comm``, or for a group of MoE expert
-    parameters its expert-data-parallel one.
+    parameters its expert-data-parallel one (``mesh``: as :func:`expert_comm`).
 
     Raises:
         ConfigError: the group mixes expert parameters with others (or expert-parallel sizes): build the
@@ -63,7 +64,7 @@ def group_comm(comm: Any, gi: int, params: Sequence[torch.nn.Parameter]) -> Any:
             "dscore.moe.utils.split_params_into_different_moe_groups_for_optimizer({'params': ...}) "
             "to dscore.initialize (as DeepSpeed requires)"
         )
-    return expert_comm(comm, experts[0])
+    return expert_comm(comm, experts[0], mesh)
 
 
 def refuse_nvme_with_experts(section: Any) -> None:

@@ -453,7 +453,7 @@ class PartitionedOptimizerStage(ZeroStage):
         Raises:
             ConfigError: a group mixes expert parameters with others (or expert sizes).
         """
-        return group_comm(self.comm, gi, params)
+        return group_comm(self.comm, gi, params, getattr(self.ctx.runtime, "mesh", None))
 
     def state_dict(self) -> dict[str, Any]:
         """Full tensors keyed by parameter name (collective: call on every rank). MoE expert partitions are

@@ -313,7 +313,8 @@ class Stage3(ZeroStage):
         apply_leaf_module_config(module, zc.leaf_module)
         self.group_params = unique_trainable(ctx.param_groups)
         # MoE expert groups: partitioned, gathered and reduce-scattered over their expert-data-parallel group
-        self.group_comms = [group_comm(self.comm, gi, ps) for gi, ps in enumerate(self.group_params)]
+        self._mesh = getattr(ctx.runtime, "mesh", None)
+        self.group_comms = [group_comm(self.comm, gi, ps, self._mesh) for gi, ps in enumerate(self.group_params)]
         self.has_experts = any(is_moe_param(p) for p in module.parameters())
         if self.has_experts:
             refuse_nvme_with_experts(zc)
@@ -461,7 +462,7 @@ class Stage3(ZeroStage):
         by_key: dict[tuple[int, int], tuple[int, Any, list[int]]] = {}
         for i, p in enumerate(params):
             key = key_of.get(id(p), _FROZEN)
-            comm = self.group_comms[key] if key != _FROZEN else expert_comm(self.comm, p)
+            comm = self.group_comms[key] if key != _FROZEN else expert_comm(self.comm, p, self._mesh)
             by_key.setdefault((key, id(comm)), (key, comm, []))[2].append(i)
         for key, comm, idx in by_key.values():
             ps = [params[i] for i in idx]
