@@ -274,6 +274,34 @@ def test_zero3_checkpoint_saved_at_ep2_loads_at_ep1_under_stage3_and_stage2(tmp_
     assert w[f"{PREFIX}0.0.weight"] != w[f"{PREFIX}1.0.weight"]  # both experts, each once
     assert {k for k in w if k.startswith(PREFIX)} == {f"{PREFIX}{e}.{i}.{t}" for e in range(NE) for i in (0, 2)
                                                       for t in ("weight", "bias")}  # fmt: skip
-    for stage in (3, 2):  # one process, every expert local
-        loaded = run_distributed(_load_at_ep1, 1, str(tmp_path), stage, timeout=120)[0]
-        assert loaded == saved, stage
+    loaded = run_distributed(_load_both, 1, str(tmp_path), timeout=120)[0]  # one process, every expert local
+    for stage in (3, 2):
+        assert loaded[stage] == saved, stage
+
+
+def _load_both(save_dir: str) -> dict:
+    return {stage: _load_at_ep1(save_dir, stage) for stage in (3, 2)}
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("key", ["offload_param", "offload_optimizer"])
+def test_zero3_with_experts_refuses_nvme_offload(key: str, tmp_path) -> None:
+    import dscore
+    from dscore.errors import ConfigError
+    from dscore.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    model = _models()(1)
+    cfg = _config(3, 0.0, **{key: {"device": "nvme", "nvme_path": str(tmp_path)}})
+    groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters())})
+    with pytest.raises(ConfigError, match=f"zero_optimization.{key}.device 'nvme' with MoE expert parameters"):
+        dscore.initialize(model=model, model_parameters=groups, config=cfg)
+
+
+def test_deepspeed_layout_save_of_an_moe_model_is_refused(tmp_path) -> None:
+    from dscore.errors import CheckpointError
+
+    engine = _engine(_models()(1), 2)
+    engine.checkpoint_layout = "deepspeed"
+    with pytest.raises(CheckpointError, match="not supported for MoE models"):
+        engine.save_checkpoint(str(tmp_path), tag="t")
+    engine.close()
