@@ -53,6 +53,13 @@ gradients (measured: 0.28 ms per micro step on 2 gloo ranks of a loaded 2-core h
 in size fail earlier, in the exchange itself; that error is re-raised naming the module being entered
 and the same remedy.
 
+**MoE experts** (:mod:`dscore.moe`). The units of an expert-parameter optimizer group are partitioned over
+the expert-data-parallel group (:mod:`.experts`): gathered there, reduce-scattered there by a reducer of
+their own (summed over that group, divided by the data-parallel world like every gradient), and
+checkpointed with every expert under its global index. Every rank runs all its local experts (the layer's
+all-to-all gives each a fixed-capacity buffer), so expert units are gathered and reduced in the same unit
+order on every rank and the fingerprint check above holds as is.
+
 ``copy.deepcopy`` of the model (inside ``GatheredParameters``, for a reference or EMA copy) gives a plain
 module: the stage's hooks deep-copy into no-op hooks.
 
@@ -72,10 +79,10 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from dscore.errors import ConfigError, DistributedError
-from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
-from dscore.runtime.timers import active_timers, clock
 from dscore.moe.checkpoint import ExpertNaming
 from dscore.moe.utils import is_moe_param
+from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
+from dscore.runtime.timers import active_timers, clock
 from dscore.zero.buffer_cache import GatherBufferCache
 from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
 from dscore.zero.leaf import apply_leaf_module_config, z3_leaf_module
@@ -84,10 +91,6 @@ from dscore.zero.partition import FlatUnit, unit_of
 from dscore.zero.quantize import DEFAULT_BLOCK as QUANT_BLOCK
 from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore_plugins.zero.config import ZeroConfig
-from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
-from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
-from dscore_plugins.zero.nvme_optimizer import write_master as nvme_write_master
-from dscore_plugins.zero.nvme_params import attach as nvme_attach_params
 from dscore_plugins.zero.experts import (
     ReducerSet,
     expert_comm,
@@ -96,6 +99,10 @@ from dscore_plugins.zero.experts import (
     localize_state,
     refuse_nvme_with_experts,
 )
+from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
+from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
+from dscore_plugins.zero.nvme_optimizer import write_master as nvme_write_master
+from dscore_plugins.zero.nvme_params import attach as nvme_attach_params
 from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin
 from dscore_plugins.zero.step import step_partitions
 
