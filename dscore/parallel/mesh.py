@@ -250,6 +250,25 @@ class ParallelMesh:
                  self.shape.ep_ranks(self.rank, ep_size), self.shape.edp_ranks(self.rank, ep_size))  # fmt: skip
         return groups
 
+    def created_expert_groups(self, group_name: str) -> ExpertGroups:
+        """The expert groups named ``group_name`` (``"ep_size_<E>"``, DeepSpeed's name) if
+        :meth:`expert_groups` built them; never collective.
+
+        Raises:
+            DscoreError: no such groups were built (names the sizes that were).
+        """
+        from dscore.errors import DscoreError
+
+        head, _, size = str(group_name).rpartition("_")
+        groups = self._experts.get(int(size)) if head == "ep_size" and size.isdigit() else None
+        if groups is None:
+            built = [f"ep_size_{e}" for e in sorted(self._experts)] or "none"
+            raise DscoreError(
+                f"no expert-parallel groups named {group_name!r} on this mesh (built: {built}); an MoE layer with "
+                "ep_size E gets the groups 'ep_size_<E>' at dscore.initialize"
+            )
+        return groups
+
     @property
     def tp_size(self) -> int:
         """Tensor-parallel degree."""

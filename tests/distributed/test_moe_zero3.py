@@ -82,6 +82,15 @@ def _run(clip: float, **zero: Any) -> dict:
     eg = engine.runtime.mesh.expert_groups(ep)
     assert model.moe.deepspeed_moe.ep_comm is eg.ep_comm
     assert all(s.unit.comm is eg.edp_comm for s in stage.units if ".deepspeed_experts." in stage.names[id(s.unit.params[0])])
+    from dscore.parallel import groups as pg
+    from dscore.runtime.context import use_runtime
+
+    with use_runtime(engine.runtime):  # DeepSpeed's accessors, by group name
+        assert (pg.get_expert_parallel_world_size("ep_size_2"), pg.get_expert_parallel_rank("ep_size_2")) == (2, rank % 2)
+        assert pg.get_expert_data_parallel_world_size("ep_size_2") == world // 2
+        assert pg.get_expert_data_parallel_rank("ep_size_2") == rank // 2
+        assert dist.get_process_group_ranks(pg.get_expert_parallel_group("ep_size_2")) == eg.topology.ep_groups[rank // 2]
+        assert dist.get_process_group_ranks(pg.get_expert_data_parallel_group("ep_size_2")) == eg.topology.edp_groups[rank % 2]
     # expert units live on the expert-data-parallel group (world / ep ranks), the rest on all ranks
     unit_worlds = {(".deepspeed_experts." in stage.names.get(id(s.unit.params[0]), "")): s.unit.world for s in stage.units}
     assert unit_worlds == {True: world // ep, False: world}, unit_worlds

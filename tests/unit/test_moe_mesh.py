@@ -36,3 +36,11 @@ def test_expert_parallelism_with_tensor_or_sequence_parallelism_is_refused(tp: i
     with pytest.raises(ConfigError, match=f"MoE expert parallelism .* with {key} = 2 is not implemented") as info:
         mesh.expert_groups(2)
     assert info.value.path == key
+
+
+def test_expert_accessors_never_create_groups() -> None:
+    from dscore.errors import DscoreError
+
+    mesh = ParallelMesh(MeshShape.of(1), 0, None, None, None, None)
+    with pytest.raises(DscoreError, match="no expert-parallel groups named 'ep_size_2' on this mesh .built: none."):
+        mesh.created_expert_groups("ep_size_2")
