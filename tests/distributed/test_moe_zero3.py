@@ -182,6 +182,8 @@ def _two_ranks() -> dict:
         "zero3": _run(0.0),
         "zero3-clip": _run(0.05),
         "zero3-offload-clip": _run(0.05, offload_param={"device": "cpu"}, offload_optimizer={"device": "cpu"}),
+        # DeepSpeed's default threshold: every unit here is small, so all stay gathered (refreshed after each step)
+        "zero3-persistent": _run(0.0, stage3_param_persistence_threshold=100000),
     }
 
 
