@@ -3,8 +3,8 @@
 2 experts on 2 ranks (ep 2) and on 4 ranks (ep 2, two expert-data-parallel replicas) with
 ``drop_tokens=False`` equal a dense single-process loop within 1e-5: outputs, aux loss, the reduced
 gradients (read from the stage's gradient partitions), every weight of the full model after 3 steps (both
-experts, gathered under their global names), with and without gradient clipping, and with parameters and
-optimizer offloaded to the CPU. ``stage3_param_persistence_threshold: 0`` makes every module gather and
+experts, gathered under their global names), with and without gradient clipping, with parameters and
+optimizer offloaded to the CPU, and with 2 micro steps per step at DeepSpeed's persistence threshold. ``stage3_param_persistence_threshold: 0`` makes every module gather and
 release its parameters around each use, so the hooks, prefetch and the divergence fingerprint all run.
 A ZeRO-3 checkpoint saved at ep 2 reloads at ep 2 and loads at ep 1 under stage 3 and stage 2, exactly.
 The helpers (model, batches, dense loop) are the ZeRO 0-2 test's (``test_moe_expert_parallel``).
@@ -47,7 +47,7 @@ def _reduced_grads(stage) -> dict:
     return out
 
 
-def _run(clip: float, **zero: Any) -> dict:
+def _run(clip: float, gas: int = 1, **zero: Any) -> dict:
     import copy
 
     import torch
@@ -76,7 +76,8 @@ def _run(clip: float, **zero: Any) -> dict:
     ref_named.update({f"out.{n}": p for n, p in ref.out.named_parameters()})
     ref_opt = torch.optim.SGD(list(ref_named.values()), lr=0.1)
     groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters())})
-    engine, *_ = dscore.initialize(model=model, model_parameters=groups, config=_config(3, clip, **zero))
+    cfg = {**_config(3, clip, **zero), "gradient_accumulation_steps": gas}
+    engine, *_ = dscore.initialize(model=model, model_parameters=groups, config=cfg)
     stage = engine.zero_stage_impl
     # the expert groups are the mesh's: the layer dispatches over its EP group, expert units live on its EDP group
     eg = engine.runtime.mesh.expert_groups(ep)
@@ -100,25 +101,26 @@ def _run(clip: float, **zero: Any) -> dict:
         return float((a.detach().float() - b.detach().float()).abs().max())
 
     for step in range(3):
-        y_all, out_all, aux_all = [], [], []
-        for r in range(world):
-            xr, yr = _batch(r, step)
-            o, a = _dense(xr, ref.inp, ref_gate, experts, ref.out)
-            y_all.append(yr)
-            out_all.append(o)
-            aux_all.append(a)
-        ref_loss = sum(F.mse_loss(o, y) + AUX * a for o, y, a in zip(out_all, y_all, aux_all)) / world
+        dense: dict[tuple[int, int], tuple] = {}  # (rank, micro step) -> (output, aux loss, target)
+        for m in range(gas):
+            for r in range(world):
+                xr, yr = _batch(r, step * gas + m)
+                dense[(r, m)] = (*_dense(xr, ref.inp, ref_gate, experts, ref.out), yr)
+        ref_loss = sum(F.mse_loss(o, y) + AUX * a for o, a, y in dense.values()) / (world * gas)
         ref_opt.zero_grad()
         ref_loss.backward()
         ref_grads = {n: p.grad.detach().clone() for n, p in ref_named.items()}
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(list(ref_named.values()), clip)
-        x, y = _batch(rank, step)
-        out, l_aux = engine(x)
-        worst["out"] = max(worst["out"], diff(out, out_all[rank]))
-        worst["aux"] = max(worst["aux"], diff(l_aux, aux_all[rank]))
-        engine.backward(F.mse_loss(out, y) + AUX * l_aux)
-        grads = _reduced_grads(stage)
+        for m in range(gas):
+            x, y = _batch(rank, step * gas + m)
+            out, l_aux = engine(x)
+            worst["out"] = max(worst["out"], diff(out, dense[(rank, m)][0]))
+            worst["aux"] = max(worst["aux"], diff(l_aux, dense[(rank, m)][1]))
+            engine.backward(F.mse_loss(out, y) + AUX * l_aux)
+            if m < gas - 1:
+                engine.step()  # not a boundary: no optimizer step
+        grads = _reduced_grads(stage)  # accumulated over the window's micro steps
         assert len(grads) == len(ref_named) - (NE - NE // ep) * 4
         for name, g in grads.items():  # this rank's expert (local index 0) is global expert local_id
             gname = name.replace(f"{PREFIX}0.", f"{PREFIX}{local_id}.")
@@ -182,8 +184,9 @@ def _two_ranks() -> dict:
         "zero3": _run(0.0),
         "zero3-clip": _run(0.05),
         "zero3-offload-clip": _run(0.05, offload_param={"device": "cpu"}, offload_optimizer={"device": "cpu"}),
-        # DeepSpeed's default threshold: every unit here is small, so all stay gathered (refreshed after each step)
-        "zero3-persistent": _run(0.0, stage3_param_persistence_threshold=100000),
+        # DeepSpeed's default threshold (every unit here is small: all stay gathered, refreshed after each
+        # step) and 2 micro steps per step (expert gradient partitions accumulate)
+        "zero3-persistent-gas2": _run(0.0, gas=2, stage3_param_persistence_threshold=100000),
     }
 
 
