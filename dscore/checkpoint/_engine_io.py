@@ -240,7 +240,8 @@ def save_checkpoint(
             from dscore.checkpoint.deepspeed.writer import check_supported
 
             check_supported(view.zero_stage, bool(getattr(view.config, "fp16_enabled", False)),
-                            getattr(view.zero, "optimizer", None) is not None)
+                            getattr(view.zero, "optimizer", None) is not None,
+                            moe=bool(getattr(engine, "has_moe_layers", False)))
         tensors: dict[str, torch.Tensor] = {}
         tree = encode(client, root="client_state", tensor_prefix="client/", tensors=tensors)
         return {"mode": mode, "tag": tag_text, "client": (tree, tensors)}

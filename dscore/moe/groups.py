@@ -6,10 +6,12 @@ consecutive blocks ``[k·E, …, k·E + E − 1]`` (each holds every expert once
 and the EDP groups are the strided sets ``[j, j + E, j + 2E, …]`` (the ranks holding the same experts,
 over which expert gradients are reduced).
 
-:class:`ExpertTopology` is the pure rank arithmetic (no process groups), so the same layout can move onto
-a device mesh; :func:`expert_groups` creates the groups once per ``(world group, E)`` through the
-:class:`dscore.comm.Comm` facade (collective: every rank calls it in the same order) and caches them,
-as DeepSpeed names its groups ``ep_size_<E>``.
+:class:`ExpertTopology` is the pure rank arithmetic (no process groups). Under ``dscore.initialize`` the
+groups are groups of the run's device mesh (:meth:`dscore.parallel.mesh.ParallelMesh.expert_groups`:
+the expert dimension splits the data dimension, kept with the mesh, so two engines keep their own);
+:func:`expert_groups` asks the mesh for them. Without a mesh (an MoE layer wired by hand over a comm) it
+creates them once per ``(world group, E)`` through the :class:`dscore.comm.Comm` facade (collective:
+every rank calls it in the same order) and caches them. DeepSpeed names the groups ``ep_size_<E>``.
 """
 
 from __future__ import annotations
@@ -91,17 +93,22 @@ class ExpertGroups:
 _GROUPS: dict[tuple[int, int], ExpertGroups] = {}
 
 
-def expert_groups(comm: Any, ep_size: int) -> ExpertGroups:
+def expert_groups(comm: Any, ep_size: int, *, mesh: Any = None) -> ExpertGroups:
     """The EP/EDP groups of ``ep_size`` over ``comm``'s group, created on first use (collective).
 
     Args:
         comm: the data-parallel :class:`dscore.comm.Comm` (its group's ranks are numbered 0..W-1; the
             groups are built over the global ranks of that group).
         ep_size: the expert-parallel size.
+        mesh: the run's :class:`dscore.parallel.mesh.ParallelMesh` (``engine.runtime.mesh``): the groups
+            are the mesh's (``comm`` must then be the mesh's data-parallel or gradient comm).
 
     Raises:
-        ConfigError: ``ep_size`` does not divide the world size.
+        ConfigError: ``ep_size`` does not divide the (data-parallel) world size; with ``mesh``, tensor or
+            sequence parallelism is on (not combined with expert parallelism).
     """
+    if mesh is not None:
+        return mesh.expert_groups(ep_size)  # type: ignore[no-any-return]
     world, rank = int(comm.get_world_size()), int(comm.get_rank())
     key = (id(comm.group), int(ep_size))
     cached = _GROUPS.get(key)

@@ -90,13 +90,17 @@ class MoE(nn.Module):
             self.coefficient = nn.Linear(hidden_size, 2)
         self.ep_rank = 0
 
-    def set_deepspeed_parallelism(self, comm: Any = None, use_data_before_expert_parallel_: bool = False) -> None:
+    def set_deepspeed_parallelism(
+        self, comm: Any = None, use_data_before_expert_parallel_: bool = False, *, mesh: Any = None
+    ) -> None:
         """Create (or reuse) the expert groups of ``ep_size`` over ``comm`` (default: the active
-        :func:`dscore.comm.active_comm`) and use them. Collective. ``dscore.initialize`` calls it.
+        :func:`dscore.comm.active_comm`) and use them: the groups of ``mesh`` (the run's
+        :class:`dscore.parallel.mesh.ParallelMesh`) when given. Collective. ``dscore.initialize`` calls it
+        with the engine's mesh.
 
         Raises:
-            ConfigError: ``use_data_before_expert_parallel_`` (not implemented), or ``ep_size`` does not
-                divide the world size.
+            ConfigError: ``use_data_before_expert_parallel_`` (not implemented), ``ep_size`` does not
+                divide the world size, or the mesh has tensor / sequence parallelism.
         """
         if use_data_before_expert_parallel_:
             raise ConfigError("use_data_before_expert_parallelism is not implemented by dscore")
@@ -104,7 +108,7 @@ class MoE(nn.Module):
             from dscore.comm.api import active_comm
 
             comm = active_comm()
-        groups = expert_groups(comm, self.ep_size)
+        groups = expert_groups(comm, self.ep_size, mesh=mesh)
         self.ep_rank = groups.ep_rank
         self.deepspeed_moe.set_ep_comm(groups.ep_comm)
 

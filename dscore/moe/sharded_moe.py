@@ -197,6 +197,16 @@ def topkgating(
     return l_aux, combine, combine.bool(), exp_counts
 
 
+class _GateLinear(nn.Linear):
+    """The gate's projection, computed in fp32 whatever the weight's dtype (DeepSpeed's
+    ``F.linear(input.float(), wg.weight.float())``). Called as a module so ZeRO stage 3's hooks gather its
+    weight around the call."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # noqa: A002
+        """``input``: ``[S, M]`` (any float dtype) -> fp32 logits ``[S, E]``."""
+        return F.linear(input.float(), self.weight.float())
+
+
 class TopKGate(nn.Module):
     """The router: ``wg`` (``Linear(model_dim, num_experts, bias=False)``, computed in fp32) and the gating
     of :func:`top1gating` / :func:`top2gating` / :func:`topkgating` (capacity ``capacity_factor`` in
@@ -227,7 +237,7 @@ class TopKGate(nn.Module):
             raise ConfigError(
                 f"MoE noisy_gate_policy={noisy_gate_policy!r}: valid are None, 'None', 'Jitter', 'RSample'"
             )
-        self.wg = nn.Linear(model_dim, num_experts, bias=False)
+        self.wg = _GateLinear(model_dim, num_experts, bias=False)
         self.k = k
         self.capacity_factor = capacity_factor
         self.eval_capacity_factor = eval_capacity_factor
@@ -248,7 +258,7 @@ class TopKGate(nn.Module):
         if self.noisy_gate_policy == "Jitter" and self.training:
             eps = 1e-2
             x = x * torch.empty_like(x).uniform_(1.0 - eps, 1.0 + eps)
-        logits = F.linear(x, self.wg.weight.float())
+        logits = self.wg(x)
         cf = self.capacity_factor if self.training else self.eval_capacity_factor
         if self.k == 1:
             policy = self.noisy_gate_policy if self.training else None

@@ -5,7 +5,9 @@ engine's ``forward`` / ``backward`` / ``step`` (and model code they call) it is 
 call in ``with dscore.runtime.context.use_runtime(engine.runtime):`` or use ``engine.runtime.mesh``
 directly. No module-level group state exists: two engines keep two meshes.
 
-DeepSpeed's private spellings (``_get_sequence_parallel_group`` ...) are aliases of the public ones.
+DeepSpeed's private spellings (``_get_sequence_parallel_group`` ...) are aliases of the public ones. The
+expert accessors take DeepSpeed's group name ``"ep_size_<E>"`` and read the groups the mesh built for
+the MoE layers (:meth:`dscore.parallel.mesh.ParallelMesh.expert_groups`); they never create groups.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ __all__ = [
     "get_data_parallel_group",
     "get_data_parallel_rank",
     "get_data_parallel_world_size",
+    "get_expert_data_parallel_group",
+    "get_expert_data_parallel_rank",
+    "get_expert_data_parallel_world_size",
+    "get_expert_parallel_group",
+    "get_expert_parallel_rank",
+    "get_expert_parallel_world_size",
     "get_sequence_data_parallel_group",
     "get_sequence_data_parallel_rank",
     "get_sequence_data_parallel_world_size",
@@ -146,6 +154,38 @@ def get_zero_param_intra_parallel_group_ranks() -> list[int]:
     mesh = current_mesh()
     size = get_zero_param_intra_parallel_group_world_size()
     return mesh.shape.zero_param_ranks(mesh.rank, size)
+def get_expert_parallel_group(group_name: str) -> Any:
+    """The expert-parallel process group ``group_name`` (``"ep_size_<E>"``; ``group.WORLD`` when it spans
+    the job). Raises DscoreError when the mesh has no such groups."""
+    mesh = current_mesh()
+    return mesh._group_of(mesh.created_expert_groups(group_name).ep_comm, "expert-parallel", group_name)
+
+
+def get_expert_parallel_world_size(group_name: str) -> int:
+    """The expert-parallel size ``E`` of ``group_name``."""
+    return int(current_mesh().created_expert_groups(group_name).topology.ep_size)
+
+
+def get_expert_parallel_rank(group_name: str) -> int:
+    """This rank's index in its expert-parallel group (which experts it holds)."""
+    return int(current_mesh().created_expert_groups(group_name).ep_rank)
+
+
+def get_expert_data_parallel_group(group_name: str) -> Any:
+    """The expert-data-parallel process group of ``group_name`` (the ranks holding the same experts)."""
+    mesh = current_mesh()
+    return mesh._group_of(mesh.created_expert_groups(group_name).edp_comm, "expert-data-parallel", group_name)
+
+
+def get_expert_data_parallel_world_size(group_name: str) -> int:
+    """The expert-data-parallel size ``dp / E``."""
+    groups = current_mesh().created_expert_groups(group_name)
+    return groups.topology.world_size // groups.topology.ep_size
+
+
+def get_expert_data_parallel_rank(group_name: str) -> int:
+    """This rank's index in its expert-data-parallel group."""
+    return int(current_mesh().created_expert_groups(group_name).edp_rank)
 
 
 # DeepSpeed's spellings (deepspeed.utils.groups)
@@ -162,3 +202,9 @@ _get_zero_param_intra_parallel_group = get_zero_param_intra_parallel_group
 _get_zero_param_intra_parallel_group_world_size = get_zero_param_intra_parallel_group_world_size
 _get_zero_param_intra_parallel_rank_in_mygroup = get_zero_param_intra_parallel_rank_in_mygroup
 _get_zero_param_intra_parallel_group_ranks = get_zero_param_intra_parallel_group_ranks
+_get_expert_parallel_group = get_expert_parallel_group
+_get_expert_parallel_world_size = get_expert_parallel_world_size
+_get_expert_parallel_rank = get_expert_parallel_rank
+_get_expert_data_parallel_group = get_expert_data_parallel_group
+_get_expert_data_parallel_world_size = get_expert_data_parallel_world_size
+_get_expert_data_parallel_rank = get_expert_data_parallel_rank

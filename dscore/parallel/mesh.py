@@ -13,18 +13,27 @@ parameters of a sequence-parallel model see a different part of the sequence on 
 gradients are averaged over sp x dp; tensor-parallel shards differ across tp ranks and are never reduced
 over tp.
 
-The expert dimension (MoE) is meant to be added here as another factor of the same layout.
+**Experts (MoE).** Expert parallelism splits the data dimension: with expert-parallel size ``E``
+(dividing ``dp``), the expert-parallel (EP) groups are consecutive blocks of ``E`` data-parallel indices and
+the expert-data-parallel (EDP) groups the strided sets ``[j, j + E, ...]``, both at a fixed sequence and
+tensor index (DeepSpeed's ``_create_expert_and_data_parallel`` layout). :meth:`ParallelMesh.expert_groups`
+builds them once per ``E`` (collective) and keeps them with the mesh. Expert parallelism is not combined
+with tensor or sequence parallelism (refused: AutoTP would split the experts' linears, and Ulysses gives
+the sequence ranks different tokens for one all-to-all).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dscore.errors import ConfigError
 
 __all__ = ["MeshShape", "ParallelMesh", "raw_mesh_degrees"]
+
+if TYPE_CHECKING:
+    from dscore.moe.groups import ExpertGroups
 
 log = logging.getLogger("dscore.parallel.mesh")
 
@@ -95,6 +104,30 @@ class MeshShape:
         _, s, t = self.coords(rank)
         return [self.rank_of(d, s, t) for d in range(self.dp)]
 
+    def ep_ranks(self, rank: int, ep_size: int) -> list[int]:
+        """Global ranks of ``rank``'s expert-parallel group: ``ep_size`` consecutive data-parallel indices.
+
+        Raises:
+            ConfigError: ``ep_size`` does not divide the data-parallel size.
+        """
+        from dscore.moe.groups import ExpertTopology
+
+        d, s, t = self.coords(rank)
+        topo = ExpertTopology(self.dp, int(ep_size))
+        return [self.rank_of(q, s, t) for q in topo.ep_groups[d // topo.ep_size]]
+
+    def edp_ranks(self, rank: int, ep_size: int) -> list[int]:
+        """Global ranks of ``rank``'s expert-data-parallel group (the ranks holding the same experts).
+
+        Raises:
+            ConfigError: ``ep_size`` does not divide the data-parallel size.
+        """
+        from dscore.moe.groups import ExpertTopology
+
+        d, s, t = self.coords(rank)
+        topo = ExpertTopology(self.dp, int(ep_size))
+        return [self.rank_of(q, s, t) for q in topo.edp_groups[topo.ep_rank(d)]]
+
     def grad_ranks(self, rank: int) -> list[int]:
         """Global ranks gradients of ``rank`` are reduced over: its sequence x data ranks (same tp index)."""
         _, _, t = self.coords(rank)
@@ -147,6 +180,8 @@ class ParallelMesh:
     _zero_param: dict[int, Any] = field(default_factory=dict, repr=False)
     #: the Comm of this rank's ZeRO++ hpZ group once a stage built it (:meth:`zero_param_comm`), else None
     zero_param_intra_comm: Any = field(default=None, repr=False)
+    _base: Any = field(default=None, repr=False)
+    _experts: dict[int, ExpertGroups] = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(cls, comm: Any, *, tp: int = 1, sp: int = 1) -> ParallelMesh:
@@ -179,7 +214,7 @@ class ParallelMesh:
                 owned.append(group)
                 if rank in ranks:
                     comms[name] = comm.bound_to(group)
-        mesh = cls(shape, rank, comms["tp"], comms["sp"], comms["dp"], comms["grad"], owned)
+        mesh = cls(shape, rank, comms["tp"], comms["sp"], comms["dp"], comms["grad"], owned, comm)
         log.info(
             "mesh: world %d = dp %d x sp %d x tp %d; rank %d at %s",
             world,
@@ -223,6 +258,73 @@ class ParallelMesh:
         self.zero_param_intra_comm = comm
         log.info("mesh: ZeRO++ hpZ groups of %d rank(s); rank %d in %s", hpz, self.rank, mine)
         return comm
+    def expert_groups(self, ep_size: int) -> ExpertGroups:
+        """The expert-parallel and expert-data-parallel groups of ``ep_size`` (see the module docstring),
+        created on first use (collective: every rank calls it with the same ``ep_size`` in the same
+        order) and kept with the mesh. A group spanning the whole world reuses the mesh's comm.
+
+        Raises:
+            ConfigError: tensor or sequence parallelism is on (expert parallelism does not combine with
+                them; names the key), or ``ep_size`` does not divide the data-parallel size.
+        """
+        from dscore.moe.groups import ExpertGroups, ExpertTopology
+
+        ep_size = int(ep_size)
+        cached = self._experts.get(ep_size)
+        if cached is not None:
+            return cached
+        if self.shape.tp > 1 or self.shape.sp > 1:
+            key = "tensor_parallel.autotp_size" if self.shape.tp > 1 else "sequence_parallel_size"
+            size = self.shape.tp if self.shape.tp > 1 else self.shape.sp
+            raise ConfigError(
+                f"MoE expert parallelism (dscore.moe.layer.MoE) with {key} = {size} is not implemented: "
+                "tensor parallelism would split the experts' linears and sequence parallelism gives the sequence "
+                f"ranks different tokens for one expert all-to-all; set {key} to 1 for MoE models",
+                path=key,
+            )
+        world = self.shape.world
+        topo = ExpertTopology(self.dp_size, ep_size)  # raises when ep_size does not divide dp
+        found: dict[str, Any] = {}
+        for kind, ranks_of in (("ep", self.shape.ep_ranks), ("edp", self.shape.edp_ranks)):
+            mine = ranks_of(self.rank, ep_size)
+            if len(mine) == world:
+                found[kind] = self._base
+                continue
+            seen: list[list[int]] = []
+            for r in range(world):  # every rank creates every group, in global order
+                ranks = ranks_of(r, ep_size)
+                if ranks in seen:
+                    continue
+                seen.append(ranks)
+                group = self._base.new_group(ranks)
+                self._owned.append(group)
+                if self.rank in ranks:
+                    found[kind] = self._base.bound_to(group)
+        d = self.dp_rank
+        groups = ExpertGroups(topo, found["ep"], found["edp"], topo.ep_rank(d), topo.edp_rank(d))
+        self._experts[ep_size] = groups
+        log.info("mesh: expert groups ep_size %d: ep %s, edp %s", ep_size,
+                 self.shape.ep_ranks(self.rank, ep_size), self.shape.edp_ranks(self.rank, ep_size))  # fmt: skip
+        return groups
+
+    def created_expert_groups(self, group_name: str) -> ExpertGroups:
+        """The expert groups named ``group_name`` (``"ep_size_<E>"``, DeepSpeed's name) if
+        :meth:`expert_groups` built them; never collective.
+
+        Raises:
+            DscoreError: no such groups were built (names the sizes that were).
+        """
+        from dscore.errors import DscoreError
+
+        head, _, size = str(group_name).rpartition("_")
+        groups = self._experts.get(int(size)) if head == "ep_size" and size.isdigit() else None
+        if groups is None:
+            built = [f"ep_size_{e}" for e in sorted(self._experts)] or "none"
+            raise DscoreError(
+                f"no expert-parallel groups named {group_name!r} on this mesh (built: {built}); an MoE layer with "
+                "ep_size E gets the groups 'ep_size_<E>' at dscore.initialize"
+            )
+        return groups
 
     @property
     def tp_size(self) -> int:

@@ -63,7 +63,7 @@ def test_what_dscore_lacks_is_refused_by_name() -> None:
     from deepspeed.runtime.sequence_parallel import ulysses_sp
     from deepspeed.utils import groups
 
-    for name in ("get_model_parallel_world_size", "_get_expert_parallel_group", "initialize",
+    for name in ("get_model_parallel_world_size", "_get_expert_parallel_group_dict", "initialize",
                  "_create_zero_param_parallel_group"):
         with pytest.raises(DscoreError, match=f"deepspeed.utils.groups.{name} .DeepSpeed 0.19.8. is not provided"):
             getattr(groups, name)

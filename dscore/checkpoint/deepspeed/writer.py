@@ -53,12 +53,19 @@ def optim_file_name(rank: int) -> str:
     return f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 
 
-def check_supported(stage: int, fp16: bool, has_optimizer: bool) -> None:
+def check_supported(stage: int, fp16: bool, has_optimizer: bool, *, moe: bool = False) -> None:
     """Refuse what this writer does not produce.
 
     Raises:
-        CheckpointError: ZeRO stage 0, fp16 (DeepSpeed stores a loss-scaler object), or no optimizer.
+        CheckpointError: ZeRO stage 0, fp16 (DeepSpeed stores a loss-scaler object), no optimizer, or an
+            MoE model (``moe``: DeepSpeed writes one file per expert, not produced here).
     """
+    if moe:
+        raise CheckpointError(
+            "saving in DeepSpeed's checkpoint layout is not supported for MoE models (dscore.moe.layer.MoE): DeepSpeed "
+            "writes layer_<l>_expert_<e>_mp_rank_00_model_states.pt and expp_rank_<r>_mp_rank_00_optim_states.pt "
+            "files, which this writer does not produce; use engine.checkpoint_layout = 'dscore' (loads at any ep_size)"
+        )
     if stage == 0:
         raise CheckpointError(
             "saving in DeepSpeed's checkpoint layout is not supported at ZeRO stage 0 (DeepSpeed pickles the "

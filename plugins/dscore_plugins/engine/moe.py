@@ -11,11 +11,11 @@ __all__ = ["wire_moe_layers"]
 
 
 def wire_moe_layers(engine: Any) -> None:
-    """Give each MoE layer its expert groups over the engine's data-parallel comm (collective)."""
+    """Give each MoE layer its expert groups: groups of the engine's mesh (collective)."""
     from dscore.moe.layer import MoE
 
     layers = [m for m in engine.module.modules() if isinstance(m, MoE)]
     engine.has_moe_layers = bool(layers)
     engine.num_experts = [m.num_experts for m in layers]
     for layer in layers:
-        layer.set_deepspeed_parallelism(engine.runtime.comm)
+        layer.set_deepspeed_parallelism(engine.runtime.comm, mesh=getattr(engine.runtime, "mesh", None))

@@ -80,20 +80,3 @@ def step_offloaded(optimizer: torch.optim.Optimizer, partitions: Sequence[torch.
                 path="zero_optimization.offload_optimizer.device",
             )
     optimizer.step()
-
-
-def refuse_expert_parameters(group_params: list[list[torch.nn.Parameter]], stage: int) -> None:
-    """Refuse MoE expert parameters (:mod:`dscore.moe`) in a stage that partitions over the whole
-    data-parallel group: their gradients must be reduced over the expert-data-parallel group only.
-
-    Raises:
-        ConfigError: an expert parameter is among the trainable parameters.
-    """
-    from dscore.moe.utils import is_moe_param
-
-    if any(is_moe_param(p) for ps in group_params for p in ps):
-        raise ConfigError(
-            f"zero_optimization.stage {stage} with MoE expert parameters (dscore.moe.layer.MoE) is not "
-            "implemented: expert gradients must be partitioned over the expert-data-parallel group; use "
-            "zero_optimization.stage 0 for MoE models"
-        )

@@ -63,14 +63,13 @@ import torch
 from dscore.comm import Work
 from dscore.errors import ConfigError
 from dscore.moe.checkpoint import ExpertNaming
-from dscore.moe.groups import expert_groups
-from dscore.moe.utils import is_moe_param
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore_plugins.zero.config import ZeroConfig
+from dscore_plugins.zero.experts import group_comm
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
 from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
 from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin
@@ -449,23 +448,12 @@ class PartitionedOptimizerStage(ZeroStage):
     # ------------------------------------------------------------------ checkpoints
 
     def _comm_for(self, gi: int, params: list[torch.nn.Parameter]) -> Any:
-        """The comm optimizer group ``gi`` is partitioned over: the data-parallel one, or for a group of MoE
-        expert parameters (``split_params_into_different_moe_groups_for_optimizer``) its expert-data-parallel one.
+        """The comm optimizer group ``gi`` is partitioned over (:func:`dscore_plugins.zero.experts.group_comm`).
 
         Raises:
             ConfigError: a group mixes expert parameters with others (or expert sizes).
         """
-        experts = [p for p in params if is_moe_param(p)]
-        if not experts:
-            return self.comm
-        if len(experts) != len(params) or len({p.group_name for p in experts}) != 1:
-            raise ConfigError(
-                f"optimizer parameter group {gi} mixes MoE expert parameters with other parameters; under "
-                f"zero_optimization.stage {self.stage} pass model_parameters="
-                "dscore.moe.utils.split_params_into_different_moe_groups_for_optimizer({'params': ...}) "
-                "to dscore.initialize (as DeepSpeed requires)"
-            )
-        return expert_groups(self.comm, int(experts[0].group_name.rsplit("_", 1)[1])).edp_comm
+        return group_comm(self.comm, gi, params, getattr(self.ctx.runtime, "mesh", None))
 
     def state_dict(self) -> dict[str, Any]:
         """Full tensors keyed by parameter name (collective: call on every rank). MoE expert partitions are

@@ -176,7 +176,7 @@ class Stage0(ZeroStage):
         # divisor stays the full data-parallel world size, as DeepSpeed's _reduce_expert_gradients
         self._experts: list[tuple[GradientReducer, Any, list[_FlatGroup]]] = []
         for name in sorted({n for n in expert_names if n}):
-            eg = expert_groups(ctx.comm, int(name.rsplit("_", 1)[1]))
+            eg = expert_groups(ctx.comm, int(name.rsplit("_", 1)[1]), mesh=getattr(ctx.runtime, "mesh", None))
             groups = [g for g, n in zip(self.groups, expert_names) if n == name]
             self._experts.append((reducer(eg.edp_comm, groups), eg.ep_comm, groups))
         self._reducers = [self.reducer] + [r for r, _, _ in self._experts]

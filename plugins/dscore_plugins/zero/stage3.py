@@ -59,6 +59,13 @@ gradients (measured: 0.28 ms per micro step on 2 gloo ranks of a loaded 2-core h
 in size fail earlier, in the exchange itself; that error is re-raised naming the module being entered
 and the same remedy.
 
+**MoE experts** (:mod:`dscore.moe`). The units of an expert-parameter optimizer group are partitioned over
+the expert-data-parallel group (:mod:`.experts`): gathered there, reduce-scattered there by a reducer of
+their own (summed over that group, divided by the data-parallel world like every gradient), and
+checkpointed with every expert under its global index. Every rank runs all its local experts (the layer's
+all-to-all gives each a fixed-capacity buffer), so expert units are gathered and reduced in the same unit
+order on every rank and the fingerprint check above holds as is.
+
 ``copy.deepcopy`` of the model (inside ``GatheredParameters``, for a reference or EMA copy) gives a plain
 module: the stage's hooks deep-copy into no-op hooks.
 
@@ -78,6 +85,8 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from dscore.errors import ConfigError, DistributedError
+from dscore.moe.checkpoint import ExpertNaming
+from dscore.moe.utils import is_moe_param
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.buffer_cache import GatherBufferCache
@@ -89,11 +98,19 @@ from dscore.zero.partition import FlatUnit, unit_of
 from dscore.zero.quantize import DEFAULT_BLOCK as QUANT_BLOCK
 from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore_plugins.zero.config import ZeroConfig
+from dscore_plugins.zero.experts import (
+    ReducerSet,
+    expert_comm,
+    globalize_state,
+    group_comm,
+    localize_state,
+    refuse_nvme_with_experts,
+)
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
 from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
 from dscore_plugins.zero.nvme_optimizer import write_master as nvme_write_master
 from dscore_plugins.zero.nvme_params import attach as nvme_attach_params
-from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin, refuse_expert_parameters
+from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin
 from dscore_plugins.zero.step import step_partitions
 
 __all__ = ["Stage3", "Stage3ParameterManager"]
@@ -313,7 +330,12 @@ class Stage3(ZeroStage):
         self.hpz = build_hierarchical_partitioning(ctx.runtime, self.comm, int(zc.zero_hpz_partition_size))
         apply_leaf_module_config(module, zc.leaf_module)
         self.group_params = unique_trainable(ctx.param_groups)
-        refuse_expert_parameters(self.group_params, self.stage)
+        # MoE expert groups: partitioned, gathered and reduce-scattered over their expert-data-parallel group
+        self._mesh = getattr(ctx.runtime, "mesh", None)
+        self.group_comms = [group_comm(self.comm, gi, ps, self._mesh) for gi, ps in enumerate(self.group_params)]
+        self.has_experts = any(is_moe_param(p) for p in module.parameters())
+        if self.has_experts:
+            refuse_nvme_with_experts(zc)
         key_of = {id(p): gi for gi, ps in enumerate(self.group_params) for p in ps}
         self.names = {id(p): n for n, p in module.named_parameters()}
         self.units: list[_UnitState] = []
@@ -345,6 +367,9 @@ class Stage3(ZeroStage):
         self._consolidate()
         self._optimizer = build_optimizer(ctx, [[m] if m is not None else [] for m in self.masters], self.group_params)
         self._pairs = [(m, lay) for m, lay in zip(self.masters, self.layouts) if m is not None]
+        # expert groups' partitions live on their expert-data-parallel group (checkpoint gather / scatter)
+        self._pair_comms = {id(m): c for m, c in zip(self.masters, self.group_comms) if m is not None and c is not self.comm}
+        self._pair_ranks = {k: c.rank for k, c in self._pair_comms.items()}
         self._pswap = nvme_attach_params(ctx, [s.unit for s in self.units if not s.unit.persistent], self.rank)
         if self._pswap is not None:  # partitions now live per unit: swap files (persistent units: own copies)
             for s in self.units:
@@ -374,7 +399,7 @@ class Stage3(ZeroStage):
         # every trainable unit is one bucket; launched as soon as it is complete (every rank runs the same
         # graph, so units complete in the same order everywhere), and released right after the launch
         buckets = [
-            UnitBucket(s, self.master_grads[s.key][s.part_offset : s.part_offset + s.unit.chunk], self.world)
+            UnitBucket(s, self.master_grads[s.key][s.part_offset : s.part_offset + s.unit.chunk], s.unit.world)
             for s in self.units
             if s.trainable
         ]
@@ -383,17 +408,24 @@ class Stage3(ZeroStage):
         # the collectives of this micro step, (unit index, 0 gather / 1 reduce): compared across ranks
         self._collectives: list[tuple[int, int]] = []  # the first _SEQ_KEEP, for the error message
         self._seq_hash, self._seq_len = 0, 0
-        self.reducer = GradientReducer(
-            self.comm,
-            buckets,
-            reduce_scatter=self.use_reduce_scatter,
-            copy_on_hook=True,
-            free_grads=True,
-            ordered=False,
-            max_inflight=_MAX_INFLIGHT,
-            on_launched=self._reduce_launched,
-            comm_dtype=self.comm_dtype,
-        )
+        by_comm: dict[int, tuple[Any, list[UnitBucket]]] = {id(self.comm): (self.comm, [])}
+        for b in buckets:  # MoE expert units: one reducer per expert-data-parallel group
+            by_comm.setdefault(id(b.state.unit.comm), (b.state.unit.comm, []))[1].append(b)
+        reducers = [
+            GradientReducer(
+                comm,
+                bs,
+                reduce_scatter=self.use_reduce_scatter,
+                copy_on_hook=True,
+                free_grads=True,
+                ordered=False,
+                max_inflight=_MAX_INFLIGHT,
+                on_launched=self._reduce_launched,
+                comm_dtype=self.comm_dtype,
+            )
+            for comm, bs in by_comm.values()
+        ]
+        self.reducer: GradientReducer | ReducerSet = reducers[0] if len(reducers) == 1 else ReducerSet(reducers)
         self._hooks.extend(self.reducer.register_hooks())
         log.info(
             "ZeRO stage 3: %d unit(s), %d elements, %d per rank, %d persistent, world=%d, offload opt=%s param=%s",
@@ -445,15 +477,17 @@ class Stage3(ZeroStage):
         device = params[0].device
         for u in init_units:
             u.release()
-        by_key: dict[int, list[int]] = {}
+        by_key: dict[tuple[int, int], tuple[int, Any, list[int]]] = {}
         for i, p in enumerate(params):
-            by_key.setdefault(key_of.get(id(p), _FROZEN), []).append(i)
-        for key, idx in by_key.items():
+            key = key_of.get(id(p), _FROZEN)
+            comm = self.group_comms[key] if key != _FROZEN else expert_comm(self.comm, p, self._mesh)
+            by_key.setdefault((key, id(comm)), (key, comm, []))[2].append(i)
+        for key, comm, idx in by_key.values():
             ps = [params[i] for i in idx]
             for p in ps:
                 if hasattr(p, "ds_shape"):
                     del p.ds_shape
-            unit = FlatUnit(ps, self.comm, dtype=self.compute_dtype, device=device, name=f"{type(mod).__name__}:{key}")
+            unit = FlatUnit(ps, comm, dtype=self.compute_dtype, device=device, name=f"{type(mod).__name__}:{key}")
             unit.load_full([values[i] for i in idx])
             unit.persistent = unit.numel <= self.persistence_threshold
             if not unit.persistent and (self.quantize_weights or (self.quantize_frozen and key == _FROZEN)):
@@ -886,10 +920,15 @@ class Stage3(ZeroStage):
     def state_dict(self) -> dict[str, Any]:
         """Full tensors keyed by parameter name (collective: call on every rank)."""
         with nvme_materialized(self._optimizer):
-            return partitioned_state_dict(self._optimizer, self._pairs, self.comm, self.loss_scaler)
+            out = partitioned_state_dict(self._optimizer, self._pairs, self.comm, self.loss_scaler, comms=self._pair_comms)
+        # MoE experts under their global names, every EP rank's: loadable at any ep_size
+        return globalize_state(self.ctx.module, out) if self.has_experts else out
 
     def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
-        """Re-partition a state saved at any world size (fp32 masters also refresh the partitions)."""
+        """Re-partition a state saved at any world size (fp32 masters also refresh the partitions; MoE
+        experts: this rank's, found under their global names)."""
+        if self.has_experts:
+            state = localize_state(self.ctx.module, state)
         with nvme_materialized(self._optimizer, write_back=True):
             self._load_state_dict(state, load_optimizer_states=load_optimizer_states)
 
@@ -918,6 +957,7 @@ class Stage3(ZeroStage):
             state, opt=self._optimizer, pairs=self._pairs, rank=self.rank, loss_scaler=self.loss_scaler,
             load_optimizer_states=load_optimizer_states,
             masters_loaded=lambda loaded: self._masters_to_partitions() if loaded else self._partitions_to_masters(),
+            ranks=self._pair_ranks,
             load_fp32_masters=self.load_from_fp32_weights,
         )
 
@@ -928,7 +968,9 @@ class Stage3(ZeroStage):
 
     @torch.no_grad()
     def module_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full state dict, gathered one unit at a time (collective: call on every rank)."""
+        """Full state dict, gathered one unit at a time (collective: call on every rank). MoE experts are
+        gathered over their expert-data-parallel group and named by their global index, every EP rank's
+        (collective over the expert-parallel group, :mod:`dscore.moe.checkpoint`)."""
         module = self.ctx.module
         keys = list(module.state_dict(keep_vars=True).keys())
         values: dict[int, torch.Tensor] = {}
@@ -945,16 +987,20 @@ class Stage3(ZeroStage):
             named[n] = values[id(p)]
         for n, b in module.named_buffers(remove_duplicate=False):
             named[n] = b.detach().clone()
-        return OrderedDict((k, named[k]) for k in keys if k in named)
+        out = OrderedDict((k, named[k]) for k in keys if k in named)
+        return OrderedDict(ExpertNaming(module).globalize(dict(out))) if self.has_experts else out
 
     @torch.no_grad()
     def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
-        """Load full weights: each unit is gathered, overwritten, re-partitioned (masters refreshed).
+        """Load full weights: each unit is gathered, overwritten, re-partitioned (masters refreshed). MoE
+        experts: this rank's, found under their global names.
 
         Raises:
             KeyError: ``strict`` and a parameter or buffer is missing from ``state`` (names it).
         """
         module = self.ctx.module
+        if self.has_experts:
+            state = ExpertNaming(module).localize(dict(state))
         names_of: dict[int, list[str]] = {}
         for n, p in module.named_parameters(remove_duplicate=False):
             names_of.setdefault(id(p), []).append(n)

@@ -4,10 +4,13 @@ The accessors read the mesh of the current dscore runtime (inside ``engine.forwa
 ``step``, or under ``dscore.runtime.context.use_runtime(engine.runtime)``); see
 :func:`dscore.parallel.groups.current_mesh`. DeepSpeed spells the sequence and sequence-data accessors
 with a leading underscore (``_get_sequence_parallel_group``, what Accelerate and transformers call); dscore's
-public spellings (``get_sequence_parallel_group``) are here too. DeepSpeed 0.19.8 accessors dscore does not provide (expert
-parallelism, creating the ZeRO++ parameter groups (stage 3 builds them from ``zero_hpz_partition_size``; the
-``_get_zero_param_intra_parallel_*`` readers are here), the setters and initializers of DeepSpeed's module-level group state)
-raise :class:`dscore.errors.DscoreError` naming the accessor.
+public spellings (``get_sequence_parallel_group``) are here too. The expert accessors
+(``_get_expert_parallel_group(group_name)`` and the world size / rank of it and of the expert-data-parallel
+group) read the groups the mesh built for the MoE layers; the ``_get_zero_param_intra_parallel_*`` readers
+read the ZeRO++ hpZ groups stage 3 builds from ``zero_hpz_partition_size``. DeepSpeed 0.19.8 accessors dscore
+does not provide (expert group dicts, rank lists and source ranks, creating the ZeRO++ parameter groups, the
+setters and initializers of DeepSpeed's module-level group state) raise :class:`dscore.errors.DscoreError`
+naming the accessor.
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ from dscore.parallel.groups import (
     get_data_parallel_group,
     get_data_parallel_rank,
     get_data_parallel_world_size,
+    get_expert_data_parallel_group,
+    get_expert_data_parallel_rank,
+    get_expert_data_parallel_world_size,
+    get_expert_parallel_group,
+    get_expert_parallel_rank,
+    get_expert_parallel_world_size,
     get_sequence_data_parallel_group,
     get_sequence_data_parallel_rank,
     get_sequence_data_parallel_world_size,
@@ -48,8 +57,20 @@ _get_zero_param_intra_parallel_group = get_zero_param_intra_parallel_group
 _get_zero_param_intra_parallel_group_ranks = get_zero_param_intra_parallel_group_ranks
 _get_zero_param_intra_parallel_group_world_size = get_zero_param_intra_parallel_group_world_size
 _get_zero_param_intra_parallel_rank_in_mygroup = get_zero_param_intra_parallel_rank_in_mygroup
+_get_expert_parallel_group = get_expert_parallel_group
+_get_expert_parallel_world_size = get_expert_parallel_world_size
+_get_expert_parallel_rank = get_expert_parallel_rank
+_get_expert_data_parallel_group = get_expert_data_parallel_group
+_get_expert_data_parallel_world_size = get_expert_data_parallel_world_size
+_get_expert_data_parallel_rank = get_expert_data_parallel_rank
 
 __all__ = [
+    "_get_expert_data_parallel_group",
+    "_get_expert_data_parallel_rank",
+    "_get_expert_data_parallel_world_size",
+    "_get_expert_parallel_group",
+    "_get_expert_parallel_rank",
+    "_get_expert_parallel_world_size",
     "_get_data_parallel_group",
     "_get_data_parallel_rank",
     "_get_data_parallel_world_size",
@@ -90,11 +111,10 @@ _NOT_PROVIDED = frozenset({
     "_clone_world_group", "_get_local_all_to_all_group",
     "_create_model_parallel", "_create_expert_and_data_parallel", "_create_expert_data_and_model_parallel",
     "_get_expert_parallel_ranks", "_get_max_expert_size", "_get_max_expert_size_name",
-    "_get_max_expert_parallel_group", "_get_expert_parallel_group", "_get_expert_parallel_group_ranks",
-    "_get_expert_parallel_group_dict", "_get_expert_data_parallel_group", "_get_expert_data_parallel_group_ranks",
-    "_get_expert_data_parallel_group_dict", "_get_expert_broadcast_src_rank", "_get_expert_parallel_world_size",
-    "_get_expert_data_parallel_world_size", "_get_expert_parallel_rank", "_get_expert_parallel_src_rank",
-    "_get_expert_data_parallel_rank", "_get_expert_model_parallel_world_size",
+    "_get_max_expert_parallel_group", "_get_expert_parallel_group_ranks",
+    "_get_expert_parallel_group_dict", "_get_expert_data_parallel_group_ranks",
+    "_get_expert_data_parallel_group_dict", "_get_expert_broadcast_src_rank",
+    "_get_expert_parallel_src_rank", "_get_expert_model_parallel_world_size",
     "_create_zero_param_parallel_group", "_zero_param_parallel_is_initialized",
 })
 
@@ -103,7 +123,7 @@ def __getattr__(name: str) -> Any:
     if name in _NOT_PROVIDED:
         raise DscoreError(
             f"deepspeed.utils.groups.{name} (DeepSpeed 0.19.8) is not provided by dscore: dscore has no "
-            "module-level group state or expert parallelism, and builds the ZeRO++ hpZ groups itself; the groups it builds "
+            "module-level group state or expert group dicts / rank lists, and builds the ZeRO++ hpZ groups itself; the groups it builds "
             f"are read with {', '.join(n for n in __all__ if not n.startswith('_'))} (dscore.parallel.groups) "
             "or from engine.runtime.mesh"
         )
