@@ -214,7 +214,7 @@ class ParallelMesh:
                 owned.append(group)
                 if rank in ranks:
                     comms[name] = comm.bound_to(group)
-        mesh = cls(shape, rank, comms["tp"], comms["sp"], comms["dp"], comms["grad"], owned, comm)
+        mesh = cls(shape, rank, comms["tp"], comms["sp"], comms["dp"], comms["grad"], owned, _base=comm)
         log.info(
             "mesh: world %d = dp %d x sp %d x tp %d; rank %d at %s",
             world,
