@@ -159,12 +159,6 @@ GATED_KEYS: dict[str, KeyPolicy] = {
     "hybrid_engine": KeyPolicy("the hybrid (RLHF) engine", False, _enabled_effect),
     "autotuning": KeyPolicy("autotuning", False, _enabled_effect),
     "compile": KeyPolicy("DeepCompile", False, _keyed_truthy("deepcompile")),
-    "expert_parallel": KeyPolicy(
-        "AutoEP (automatic expert parallelism of Hugging Face MoE blocks; MoE layers written with "
-        "dscore.moe.layer.MoE are expert-parallel without this block)",
-        False,
-        _greater_than_one("ep_size", "expert_parallel_size", "autoep_size"),
-    ),
     "data_efficiency": KeyPolicy("data efficiency (curriculum, random-LTD)", False, _enabled_effect),
     "weight_quantization": KeyPolicy("weight quantization", False, _non_default({})),
     "use_data_before_expert_parallelism": KeyPolicy("expert-parallel data ordering", False, _keyed_truthy()),

@@ -24,6 +24,7 @@ from dscore.config.base import (
     no_effect,
     not_implemented,
 )
+from dscore.config.expert_parallel import ExpertParallelConfig
 from dscore.config.parallel import TensorParallelConfig
 from dscore.errors import ConfigError, PluginConflictError, PluginLoadError
 from dscore.specs import ConfigSectionSpec
@@ -238,6 +239,8 @@ class DscoreConfig(SectionModel):
     """Settings of :func:`dscore.checkpointing.checkpoint` (applied by ``dscore.initialize``)."""
     tensor_parallel: TensorParallelConfig = TensorParallelConfig()
     """AutoTP training: Linear layers split over a tensor-parallel group (:mod:`dscore.parallel.autotp`)."""
+    expert_parallel: ExpertParallelConfig = ExpertParallelConfig()
+    """AutoEP: Hugging Face MoE blocks made expert-parallel (:mod:`dscore.moe.autoep`)."""
     sequence_parallel_size: PositiveInt = 1
     """Ulysses sequence-parallel degree (:mod:`dscore.parallel.ulysses`); the data-parallel size is
     world / (sequence_parallel_size x tensor_parallel.autotp_size)."""

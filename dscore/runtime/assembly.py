@@ -151,6 +151,8 @@ def assemble(
         check_tp_config(cfg, precision_name=precision.name, client_optimizer=client_optimizer)
         apply_autotp(model, mesh, cfg.tensor_parallel)
         model_parameters = remap_parameters(model, model_parameters)
+    if cfg.expert_parallel.enabled:
+        model_parameters = _apply_autoep(runtime, cfg, model, mesh, client_optimizer, model_parameters)
     if mesh.sp_size > 1:
         from dscore.parallel.ulysses import require_ulysses_attention
 
@@ -226,6 +228,43 @@ def assemble(
         cfg.gradient_accumulation_steps,
     )
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _apply_autoep(
+    runtime: Runtime, cfg: DscoreConfig, model: torch.nn.Module, mesh: ParallelMesh, client_optimizer: Any,
+    model_parameters: Iterable[Any] | None,
+) -> Any:
+    """AutoEP (``expert_parallel.enabled``): replace the model's MoE blocks (:mod:`dscore.moe.autoep`) and
+    return the parameters to optimize, expert parameters in optimizer groups of their own.
+
+    Raises:
+        ConfigError: with ZeRO stage 3, tensor / sequence parallelism or a client optimizer instance (each
+            names its key), or as :func:`dscore.moe.autoep.apply_autoep`.
+    """
+    from dscore.moe.autoep import apply_autoep, remap_parameters
+    from dscore.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    if int(cfg.zero_stage) == 3:
+        raise ConfigError(
+            "expert_parallel.enabled with zero_optimization.stage 3 is not implemented (MoE expert parameters "
+            "are partitioned over their expert-data-parallel group at stages 0-2 only); use stage 0, 1 or 2",
+            path="expert_parallel.enabled",
+        )
+    if mesh.tp_size > 1 or mesh.sp_size > 1:
+        raise ConfigError(
+            "expert_parallel.enabled with tensor_parallel.autotp_size > 1 or sequence_parallel_size > 1 (AutoEP "
+            "folding) is not implemented; AutoEP runs over the data-parallel ranks only",
+            path="expert_parallel.enabled",
+        )
+    if isinstance(client_optimizer, torch.optim.Optimizer):
+        raise ConfigError(
+            "expert_parallel.enabled with an optimizer instance: AutoEP replaces the expert weights the optimizer "
+            "holds; pass the optimizer through ds_config or as a callable (params -> optimizer)",
+            path="expert_parallel.enabled",
+        )
+    replaced = apply_autoep(model, cfg.expert_parallel, runtime.comm)
+    groups = param_groups(model, remap_parameters(model_parameters, replaced), None)
+    return split_params_into_different_moe_groups_for_optimizer(groups) if groups else groups
 
 
 def build_zero_stage(

@@ -172,6 +172,10 @@ def initialize(
             "tensor_parallel.autotp_size / sequence_parallel_size cannot be combined with a pipeline model yet",
             path="tensor_parallel.autotp_size" if cfg.tensor_parallel.size > 1 else "sequence_parallel_size",
         )
+    if model_grid is not None and cfg.expert_parallel.enabled:
+        raise ConfigError(
+            "expert_parallel.enabled cannot be combined with a pipeline model yet", path="expert_parallel.enabled"
+        )
     runtime.mesh = build_mesh(runtime, cfg, mpu=mpu)
     from dscore.runtime.context import use_runtime
 
@@ -195,6 +199,8 @@ def initialize(
         )
         engine = registry.load(engine_spec)(engine_ctx)
         _check_engine_used_mesh(engine, engine_spec.name, runtime.mesh, model)
+        if cfg.expert_parallel.enabled:
+            _check_engine_used_autoep(engine_spec.name, model)
         log.info("engine %s built (%s)", engine_spec.name, type(engine).__name__)
         runtime.plugin_manager.call("dscore_engine_created", engine=engine)
         return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
@@ -222,6 +228,22 @@ def _check_engine_used_mesh(engine: Any, name: str, mesh: Any, model: Any) -> No
             f"the engine {name!r} counts {dp} data-parallel ranks but the mesh has {mesh.dp_size} "
             f"(world / (tp {mesh.tp_size} x sp {mesh.sp_size})); build it with dp_world_size=runtime.mesh.dp_size",
             path="sequence_parallel_size" if mesh.sp_size > 1 else "tensor_parallel.autotp_size",
+        )
+
+
+def _check_engine_used_autoep(name: str, model: Any) -> None:
+    """An engine plugin that ignores ``expert_parallel`` must not train the unconverted model.
+
+    Raises:
+        ConfigError: ``expert_parallel.enabled`` and the model holds no AutoEP layer (names the engine).
+    """
+    from dscore.moe.autoep import AutoEPMoELayer
+
+    if not any(isinstance(m, AutoEPMoELayer) for m in model.modules()):
+        raise ConfigError(
+            f"the engine {name!r} did not apply expert_parallel (no MoE block was converted); use the standard "
+            "engine or call dscore.moe.autoep.apply_autoep in the engine's factory",
+            path="expert_parallel.enabled",
         )
 
 

@@ -1,0 +1,649 @@
+"""AutoEP: expert parallelism for the Hugging Face MoE blocks DeepSpeed 0.19.8's AutoEP names.
+
+``expert_parallel: {"enabled": true, "autoep_size": E}`` (:class:`dscore.config.expert_parallel.
+ExpertParallelConfig`) makes ``dscore.initialize`` replace every detected MoE block (Mixtral, Qwen2-MoE /
+Qwen3-MoE, DeepSeek-V2 / V3 in transformers >= 5, whose experts are fused ``gate_up_proj [N, 2F, H]`` /
+``down_proj [N, H, F]`` tensors) with an :class:`AutoEPMoELayer`: each rank of an expert-parallel group keeps
+``N / E`` experts; tokens go to the rank holding their expert through an all-to-all over that group and come
+back through a second one (DeepSpeed's AutoEP semantics: ``deepspeed/module_inject/auto_ep*.py``; this is
+an independent implementation).
+
+**Routing** (DeepSpeed's ``TokenChoiceTopKRouter`` rules, which equal the Hugging Face routers for the
+model's own settings): the block's router module is kept and called, so its logits are what the model's
+output recorder captures (``router_logits``, the auxiliary loss the HF model computes from them); from the
+logits, in fp32: ``scores = softmax`` or ``sigmoid`` (``score_func``); ``scores + e_score_correction_bias``
+(DeepSeek-V3) choose; with ``num_expert_groups`` only the best ``num_limited_groups`` groups compete (group
+score: top-2 sum, or the max for DeepSeek-V2's ``group_limited_greedy``); the ``top_k`` experts' unbiased
+scores are renormalised (``route_norm``: ``w / (sum w + 1e-20)``) and scaled (``routed_scaling_factor`` /
+``route_scale``).
+
+**Capacity**: no token is ever dropped (the Hugging Face blocks drop none). The all-to-all moves equal
+``[N, C, H]`` buffers, ``C`` = the largest number of routes any expert receives on any rank of the group (one
+``all_reduce(max)`` per forward): DeepSpeed's ``drop_tokens=False`` capacity. Padding slots are zero rows,
+which a bias-free gated expert maps to zero, and no token reads them back.
+
+**Combine**: ``out[t] = sum_e w[t, e] * expert_e(x[t])`` added in ascending expert order, the order of the
+Hugging Face loop, so fp32 results match it to rounding.
+
+The layer is a :class:`dscore.moe.layer.MoE`: the engine gives it its groups, its expert parameters are
+tagged ``allreduce = False`` / ``group_name = "ep_size_<E>"`` (their gradients are reduced over the
+expert-data-parallel group only) and checkpoints name every expert by its global index
+(``<block>.deepspeed_moe.experts.deepspeed_experts.<n>.gate_up_proj``, :mod:`dscore.moe.checkpoint`), so a
+checkpoint saved at one ``autoep_size`` loads at another.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dscore.errors import ConfigError
+from dscore.moe.groups import expert_groups, group_name
+from dscore.moe.layer import MoE
+
+if TYPE_CHECKING:
+    from dscore.config.expert_parallel import ExpertParallelConfig
+
+__all__ = ["AutoEPMoELayer", "LayerSpec", "Preset", "PRESETS", "apply_autoep", "detect_moe_layers"]
+
+log = logging.getLogger("dscore.moe.autoep")
+
+_KEY = "expert_parallel"
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Where a model family keeps its MoE block's parts and how it routes (DeepSpeed's ``MoEModelPreset``)."""
+
+    layer_pattern: str
+    router: str
+    experts: str
+    w1: str
+    w2: str
+    num_experts_attr: str
+    top_k_attr: str
+    score_func: str
+    route_norm: bool
+    route_norm_from_config: bool
+    shared_experts: str = ""
+    shared_experts_gate: str = ""
+    hf_model_types: tuple[str, ...] = ()
+    #: Qwen casts the routing weights to the activations' dtype before weighting; the others keep fp32.
+    weights_in_input_dtype: bool = False
+    #: DeepSeek-V2: group-limited routing only with ``topk_method == "group_limited_greedy"`` (group max).
+    groups_need_topk_method: bool = False
+
+
+_LAYERS = r"model\.layers\.\d+\.mlp"
+
+#: DeepSpeed 0.19.8's presets dscore implements (``deepspeed/module_inject/auto_ep_presets/``).
+PRESETS: dict[str, Preset] = {
+    "mixtral": Preset(_LAYERS, "gate", "experts", "gate_up_proj", "down_proj", "num_local_experts",
+                      "num_experts_per_tok", "softmax", True, True, hf_model_types=("mixtral",)),
+    "qwen3_moe": Preset(_LAYERS, "gate", "experts", "gate_up_proj", "down_proj", "num_experts",
+                        "num_experts_per_tok", "softmax", True, True, "shared_expert", "shared_expert_gate",
+                        ("qwen3_moe", "qwen2_moe"), weights_in_input_dtype=True),
+    "deepseek_v2": Preset(_LAYERS, "gate", "experts", "gate_up_proj", "down_proj", "n_routed_experts",
+                          "num_experts_per_tok", "softmax", False, False, "shared_experts",
+                          hf_model_types=("deepseek_v2",), groups_need_topk_method=True),
+    "deepseek_v3": Preset(_LAYERS, "gate", "experts", "gate_up_proj", "down_proj", "n_routed_experts",
+                          "num_experts_per_tok", "sigmoid", False, True, "shared_experts",
+                          hf_model_types=("deepseek_v3",)),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One detected MoE block and its resolved routing (DeepSpeed's ``MoELayerSpec``)."""
+
+    name: str
+    preset: str
+    num_experts: int
+    top_k: int
+    hidden_size: int
+    ffn_size: int
+    score_func: str
+    score_apply: str
+    route_norm: bool
+    route_scale: float
+    num_expert_groups: int | None
+    num_limited_groups: int | None
+    group_score_func: str
+    activation: str
+    weights_in_input_dtype: bool
+    router: str
+    experts: str
+    w1: str
+    w2: str
+    shared_experts: str
+    shared_experts_gate: str
+
+
+# --------------------------------------------------------------------------------------------- routing
+
+
+def route(
+    logits: torch.Tensor,
+    spec: LayerSpec,
+    correction_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k routing of ``logits [T, N]`` (any float dtype) under ``spec``.
+
+    Returns:
+        ``(weights [T, k] fp32, experts [T, k] int64)``: weights are the chosen experts' unbiased scores,
+        renormalised when ``spec.route_norm`` and multiplied by ``spec.route_scale``.
+    """
+    z = logits.float()
+    scores = torch.sigmoid(z) if spec.score_func == "sigmoid" else torch.softmax(z, dim=-1)
+    choice = scores if correction_bias is None else scores + correction_bias.float().unsqueeze(0)
+    if spec.num_expert_groups is not None and spec.num_limited_groups is not None:
+        g = spec.num_expert_groups
+        grouped = choice.view(choice.shape[0], g, spec.num_experts // g)
+        if spec.group_score_func == "max":
+            group_scores = grouped.max(dim=-1).values
+        else:
+            group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+        keep = torch.topk(group_scores, k=spec.num_limited_groups, dim=-1, sorted=False).indices
+        masked = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, keep, False)
+        choice = grouped.masked_fill(masked.unsqueeze(-1), float("-inf")).view_as(scores)
+    experts = torch.topk(choice, k=spec.top_k, dim=-1).indices
+    weights = scores.gather(1, experts)
+    if spec.route_norm:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    if spec.route_scale != 1.0:
+        weights = weights * spec.route_scale
+    return weights, experts
+
+
+# --------------------------------------------------------------------------------------------- dispatch
+
+
+class _AllToAll(torch.autograd.Function):
+    """Equal-split ``all_to_all_single`` over dim 0 of a :class:`dscore.comm.Comm`'s group; its backward
+    is the same exchange of the gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, comm: Any, tensor: torch.Tensor) -> torch.Tensor:
+        ctx.comm = comm
+        src = tensor.contiguous()
+        out = torch.empty_like(src)
+        comm.all_to_all_single(out, src)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
+        return None, _AllToAll.apply(ctx.comm, grad)
+
+
+def _gate_fn(name: str) -> Any:
+    return F.silu if name == "swiglu" else (lambda t: F.gelu(t, approximate="tanh"))
+
+
+class AutoEPExpert(nn.Module):
+    """One gated expert MLP: ``down_proj · (act(gate) * up)`` with ``[gate; up] = gate_up_proj · x``.
+
+    Args:
+        gate_up_proj: ``[2F, H]`` (copied); down_proj: ``[H, F]`` (copied).
+        act: the gate activation (the source experts' ``act_fn`` when it matches the configured form).
+    """
+
+    def __init__(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, act: Any, requires_grad: bool) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(gate_up_proj.detach().clone(), requires_grad=requires_grad)
+        self.down_proj = nn.Parameter(down_proj.detach().clone(), requires_grad=requires_grad)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [R, H]`` -> ``[R, H]`` (zero rows stay zero: no biases)."""
+        gate, up = F.linear(x, self.gate_up_proj).chunk(2, dim=-1)
+        return F.linear(self.act(gate) * up, self.down_proj)
+
+
+class _LocalExperts(nn.Module):
+    """Holds this rank's experts under the names :mod:`dscore.moe.checkpoint` expects."""
+
+    def __init__(self, experts: list[AutoEPExpert]) -> None:
+        super().__init__()
+        self.deepspeed_experts = nn.ModuleList(experts)
+
+
+class _Dispatch(nn.Module):
+    """The expert-parallel part of an :class:`AutoEPMoELayer` (``deepspeed_moe``, as in ``MoE``)."""
+
+    def __init__(self, experts: list[AutoEPExpert], ep_size: int) -> None:
+        super().__init__()
+        self.experts = _LocalExperts(experts)
+        self.ep_size = ep_size
+        self.ep_comm: Any = None
+        self.capacity = 0
+        self.l_aux: torch.Tensor | None = None
+        self.exp_counts: torch.Tensor | None = None
+
+    def set_ep_comm(self, ep_comm: Any) -> None:
+        """Exchange tokens over ``ep_comm`` (a :class:`dscore.comm.Comm` bound to the expert-parallel group)."""
+        self.ep_comm = ep_comm
+
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, num_experts: int, post: bool
+    ) -> torch.Tensor:
+        """``x [T, H]``, ``weights [T, k]`` (fp32), ``experts [T, k]`` -> ``[T, H]`` (dtype of ``x``)."""
+        t, h = x.shape
+        k = experts.shape[1]
+        local = len(self.experts.deepspeed_experts)
+        flat = experts.reshape(-1)
+        onehot = F.one_hot(flat, num_experts)
+        counts = onehot.sum(0)
+        self.exp_counts = counts.detach()
+        position = (onehot.cumsum(0) - 1).gather(1, flat.unsqueeze(1)).squeeze(1)
+        cap = counts.max().reshape(1).to(torch.int64)
+        if self.ep_size > 1:
+            if self.ep_comm is None:
+                raise ConfigError(
+                    "AutoEP layer has no expert-parallel group: build the model through dscore.initialize",
+                    path=f"{_KEY}.autoep_size",
+                )
+            self.ep_comm.all_reduce(cap, op="max")
+        capacity = max(int(cap.item()), 1)
+        self.capacity = capacity
+        slot = flat * capacity + position  # expert-major: ascending slot = ascending expert, then token order
+        token = torch.arange(t, device=x.device).repeat_interleave(k)
+        routed = x.index_select(0, token)
+        w = weights.reshape(-1)
+        if not post:
+            routed = (routed * w.unsqueeze(1)).to(x.dtype)
+        send = x.new_zeros(num_experts * capacity, h).index_add(0, slot, routed)
+        recv = _AllToAll.apply(self.ep_comm, send) if self.ep_size > 1 else send
+        recv = recv.view(self.ep_size, local, capacity, h)
+        outs = [
+            expert(recv[:, i].reshape(-1, h)).view(self.ep_size, 1, capacity, h)
+            for i, expert in enumerate(self.experts.deepspeed_experts)
+        ]
+        done = torch.cat(outs, dim=1).reshape(num_experts * capacity, h)
+        back = _AllToAll.apply(self.ep_comm, done) if self.ep_size > 1 else done
+        order = torch.argsort(slot)
+        picked = back.index_select(0, slot[order])
+        if post:
+            picked = (picked * w[order].unsqueeze(1)).to(x.dtype)
+        return x.new_zeros(t, h).index_add(0, token[order], picked)
+
+
+class AutoEPMoELayer(MoE):
+    """A Hugging Face MoE block made expert-parallel (see the module docstring).
+
+    Keeps the block's router (``<router>``), shared experts and their gate under their own names; this
+    rank's routed experts live in ``deepspeed_moe.experts.deepspeed_experts`` (local index ``l`` is global
+    expert ``ep_rank * N / E + l``).
+
+    Args:
+        source: the Hugging Face block (its router / shared experts are reused, its experts copied).
+        spec: the detected layout and routing.
+        ep_size / ep_rank: expert-parallel size and this rank's position in its group.
+        act: the gate activation.
+    """
+
+    def __init__(self, source: nn.Module, spec: LayerSpec, ep_size: int, ep_rank: int, act: Any) -> None:
+        nn.Module.__init__(self)  # MoE's own constructor builds a DeepSpeed gate this layer does not use
+        self.spec = spec
+        self.use_residual = False
+        self.enable_expert_tensor_parallelism = False
+        self.ep_size = ep_size
+        self.ep_rank = ep_rank
+        self.expert_group_name = group_name(ep_size)
+        self.num_experts = spec.num_experts
+        self.num_local_experts = spec.num_experts // ep_size
+        self.router_name = spec.router
+        setattr(self, spec.router, getattr(source, spec.router))
+        experts_src = getattr(source, spec.experts)
+        w1, w2 = getattr(experts_src, spec.w1), getattr(experts_src, spec.w2)
+        first = ep_rank * self.num_local_experts
+        with torch.no_grad():
+            local = [
+                AutoEPExpert(w1[first + i], w2[first + i], act, bool(w1.requires_grad))
+                for i in range(self.num_local_experts)
+            ]
+        for expert in local:
+            for p in expert.parameters():
+                p.allreduce = False  # type: ignore[attr-defined]
+                p.group_name = self.expert_group_name  # type: ignore[attr-defined]
+        self.deepspeed_moe = _Dispatch(local, ep_size)
+        self.shared_name = spec.shared_experts if getattr(source, spec.shared_experts or "_", None) is not None else ""
+        if self.shared_name:
+            setattr(self, self.shared_name, getattr(source, self.shared_name))
+        self.shared_gate_name = (
+            spec.shared_experts_gate
+            if self.shared_name and getattr(source, spec.shared_experts_gate or "_", None) is not None
+            else ""
+        )
+        if self.shared_gate_name:
+            setattr(self, self.shared_gate_name, getattr(source, self.shared_gate_name))
+        router = getattr(source, spec.router)
+        self._has_correction_bias = getattr(router, "e_score_correction_bias", None) is not None
+
+    def set_deepspeed_parallelism(self, comm: Any = None, use_data_before_expert_parallel_: bool = False) -> None:
+        """Use the expert groups of ``ep_size`` over ``comm`` (collective; the engine calls it).
+
+        Raises:
+            ConfigError: the groups give this rank another expert-parallel rank than the one whose experts
+                the layer was built with, or as :meth:`MoE.set_deepspeed_parallelism`.
+        """
+        rank = self.ep_rank
+        super().set_deepspeed_parallelism(comm, use_data_before_expert_parallel_)
+        if self.ep_rank != rank:
+            raise ConfigError(
+                f"AutoEP layer {self.spec.name} was built for expert-parallel rank {rank}, the groups say "
+                f"{self.ep_rank}; build the engine over the communicator the layer was converted with",
+                path=f"{_KEY}.autoep_size",
+            )
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        """``hidden_states [B, S, H]`` -> ``[B, S, H]``, the Hugging Face block's contract."""
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        router = getattr(self, self.router_name)
+        out = router(x)
+        logits = out[0] if isinstance(out, tuple) else out
+        bias = router.e_score_correction_bias if self._has_correction_bias else None
+        weights, experts = route(logits, self.spec, bias)
+        if self.spec.weights_in_input_dtype:
+            weights = weights.to(x.dtype)
+        y = self.deepspeed_moe(x, weights, experts, self.num_experts, self.spec.score_apply == "post")
+        if self.shared_name:
+            shared = getattr(self, self.shared_name)(x)
+            if self.shared_gate_name:
+                shared = torch.sigmoid(getattr(self, self.shared_gate_name)(x)) * shared
+            y = y + shared
+        return y.reshape(shape)
+
+
+# --------------------------------------------------------------------------------------------- detection
+
+
+def _candidates(cfg: ExpertParallelConfig, model_config: Any) -> list[tuple[str, Preset]]:
+    """The preset(s) to detect with, config overrides applied (DeepSpeed's ``resolve_preset_candidates``)."""
+    name = cfg.preset_model
+    model_type = getattr(model_config, "model_type", None)
+    if name is None and model_type:
+        name = next((n for n, p in PRESETS.items() if model_type in p.hf_model_types), None)
+    if name is not None:
+        base = PRESETS[name]
+    elif cfg.moe_layer_pattern is not None:
+        name = "custom"
+        base = Preset(cfg.moe_layer_pattern, "gate", "experts", "gate_up_proj", "down_proj", "num_local_experts",
+                      "num_experts_per_tok", "softmax", True, False)  # fmt: skip
+    else:
+        raise ConfigError(
+            f"{_KEY}.enabled: the model (model_type {model_type!r}) is none of the families AutoEP knows "
+            f"({', '.join(t for p in PRESETS.values() for t in p.hf_model_types)}); set {_KEY}.preset_model to "
+            f"one of {', '.join(PRESETS)} or {_KEY}.moe_layer_pattern for a custom layout",
+            path=f"{_KEY}.preset_model",
+        )
+    over: dict[str, Any] = {}
+    for key, fld in (("moe_layer_pattern", "layer_pattern"), ("router_pattern", "router"),
+                     ("expert_pattern", "experts"), ("expert_w1", "w1"), ("expert_w2", "w2"),
+                     ("num_experts_attr", "num_experts_attr"), ("top_k_attr", "top_k_attr"),
+                     ("shared_experts_pattern", "shared_experts"),
+                     ("shared_experts_gate_pattern", "shared_experts_gate")):  # fmt: skip
+        value = getattr(cfg, key)
+        if value is not None:
+            over[fld] = value
+    if cfg.has_shared_experts is False:
+        over["shared_experts"] = over["shared_experts_gate"] = ""
+    elif cfg.has_shared_experts is None and name == "custom":
+        over.setdefault("shared_experts", "")
+    return [(name, replace(base, **over) if over else base)]
+
+
+def _activation(cfg: ExpertParallelConfig, experts: nn.Module, where: str) -> tuple[str, Any]:
+    """The configured activation and the callable to use; refuse one the experts' ``act_fn`` contradicts."""
+    name = cfg.expert_activation or "swiglu"
+    fn = _gate_fn(name)
+    act = getattr(experts, "act_fn", None)
+    if act is None:
+        return name, fn
+    probe = torch.linspace(-8.0, 8.0, steps=161)
+    with torch.no_grad():
+        try:
+            seen = act(probe)
+        except Exception:  # an act_fn that needs a device or dtype of its own: trust the configured form
+            return name, fn
+    if torch.allclose(seen.float(), fn(probe), atol=1e-5):
+        return name, act
+    if cfg.expert_activation is None:
+        raise ConfigError(
+            f"{_KEY}: the experts of {where} use an activation ({type(act).__name__}) that is not SwiGLU's SiLU "
+            f"gate; set {_KEY}.expert_activation to the form they use (one of swiglu, geglu_tanh)",
+            path=f"{_KEY}.expert_activation",
+        )
+    return name, fn
+
+
+def _resolve(cfg: ExpertParallelConfig, preset_name: str, preset: Preset, model_config: Any, name: str,
+             module: nn.Module, router: nn.Module, experts: nn.Module) -> LayerSpec:  # fmt: skip
+    w1 = getattr(experts, preset.w1, None)
+    w2 = getattr(experts, preset.w2, None)
+    if not isinstance(w1, torch.Tensor) or not isinstance(w2, torch.Tensor) or w1.dim() != 3 or w2.dim() != 3:
+        raise ConfigError(
+            f"{_KEY}: {name}.{preset.experts} has no fused 3-D expert weights {preset.w1!r} / {preset.w2!r} "
+            "(transformers >= 5 layout [N, 2F, H] / [N, H, F]); set expert_w1 / expert_w2 to their names",
+            path=f"{_KEY}.expert_w1",
+        )
+    n, two_f, hidden = w1.shape
+    if w2.shape != (n, hidden, two_f // 2) or two_f % 2:
+        raise ConfigError(
+            f"{_KEY}: {name}: {preset.w1} {tuple(w1.shape)} / {preset.w2} {tuple(w2.shape)} are not the fused "
+            "gate+up layout [N, 2F, H] / [N, H, F] dscore implements",
+            path=f"{_KEY}.expert_w1",
+        )
+    rw = getattr(router, "weight", None)
+    configured = getattr(model_config, preset.num_experts_attr, None)
+    if configured is not None and int(configured) != n:
+        raise ConfigError(
+            f"{_KEY}: {name} holds {n} experts but model.config.{preset.num_experts_attr} = {configured}",
+            path=f"{_KEY}.num_experts_attr",
+        )
+    if isinstance(rw, torch.Tensor) and tuple(rw.shape) != (n, hidden):
+        raise ConfigError(
+            f"{_KEY}: {name}.{preset.router}.weight is {tuple(rw.shape)}, expected [{n}, {hidden}]",
+            path=f"{_KEY}.router_pattern",
+        )
+    if getattr(router, "bias", None) is not None:
+        raise ConfigError(
+            f"{_KEY}: {name}.{preset.router} has a bias; AutoEP presets route with a bias-free gate",
+            path=f"{_KEY}.router_pattern",
+        )
+    jitter = getattr(model_config, "router_jitter_noise", 0.0) or 0.0
+    if jitter > 0:
+        raise ConfigError(
+            f"{_KEY}: model.config.router_jitter_noise = {jitter} (input jitter in training) is not implemented "
+            "by AutoEP (DeepSpeed ignores it with a warning); set it to 0",
+            path=f"{_KEY}.enabled",
+        )
+    if isinstance(cfg.top_k, int):
+        top_k = cfg.top_k
+    else:
+        value = getattr(model_config, preset.top_k_attr, None)
+        if value is None:
+            raise ConfigError(
+                f"{_KEY}.top_k: 'auto' needs model.config.{preset.top_k_attr}; set top_k or top_k_attr",
+                path=f"{_KEY}.top_k",
+            )
+        top_k = int(value)
+    if top_k > n:
+        raise ConfigError(f"{_KEY}.top_k = {top_k} exceeds the {n} experts of {name}", path=f"{_KEY}.top_k")
+    if cfg.score_func != "auto":
+        score_func = cfg.score_func
+    else:
+        from_model = getattr(model_config, "scoring_func", None)
+        score_func = from_model if from_model in ("softmax", "sigmoid") else preset.score_func
+    if cfg.route_norm is not None:
+        route_norm = cfg.route_norm
+    elif preset.route_norm_from_config and getattr(model_config, "norm_topk_prob", None) is not None:
+        route_norm = bool(model_config.norm_topk_prob)
+    else:
+        route_norm = preset.route_norm
+    if cfg.routed_scaling_factor != "auto":
+        route_scale = float(cfg.routed_scaling_factor)
+    elif getattr(model_config, "routed_scaling_factor", None) is not None:
+        route_scale = float(model_config.routed_scaling_factor)
+    else:
+        route_scale = float(cfg.route_scale)
+    groups, limited, group_score = cfg.num_expert_groups, cfg.num_limited_groups, "top2_sum"
+    use_model_groups = not preset.groups_need_topk_method or (
+        getattr(model_config, "topk_method", None) == "group_limited_greedy"
+    )
+    if preset.groups_need_topk_method and use_model_groups:
+        group_score = "max"
+    if use_model_groups and preset_name != "custom":
+        groups = groups if groups is not None else getattr(model_config, "n_group", None)
+        limited = limited if limited is not None else getattr(model_config, "topk_group", None)
+    if (groups is None) != (limited is None):
+        raise ConfigError(
+            f"{_KEY}: group-limited routing of {name} needs both num_expert_groups and num_limited_groups "
+            f"(got {groups} and {limited})",
+            path=f"{_KEY}.num_expert_groups",
+        )
+    if groups is not None and limited is not None:
+        if n % groups or limited > groups or (group_score == "top2_sum" and n // groups < 2):
+            raise ConfigError(
+                f"{_KEY}: num_expert_groups {groups} / num_limited_groups {limited} do not fit the {n} experts "
+                f"of {name} (groups must divide the experts, limited <= groups, >= 2 experts per group)",
+                path=f"{_KEY}.num_expert_groups",
+            )
+        if top_k > limited * (n // groups):
+            raise ConfigError(
+                f"{_KEY}.top_k = {top_k} exceeds the {limited * (n // groups)} experts of the "
+                f"{limited} allowed group(s) of {name}",
+                path=f"{_KEY}.top_k",
+            )
+    activation, _ = _activation(cfg, experts, name)
+    return LayerSpec(
+        name=name, preset=preset_name, num_experts=n, top_k=top_k, hidden_size=hidden, ffn_size=two_f // 2,
+        score_func=score_func, score_apply="pre" if cfg.score_apply == "pre" else "post", route_norm=route_norm,
+        route_scale=route_scale, num_expert_groups=groups, num_limited_groups=limited, group_score_func=group_score,
+        activation=activation, weights_in_input_dtype=preset.weights_in_input_dtype, router=preset.router,
+        experts=preset.experts, w1=preset.w1, w2=preset.w2, shared_experts=preset.shared_experts,
+        shared_experts_gate=preset.shared_experts_gate,
+    )  # fmt: skip
+
+
+def detect_moe_layers(model: nn.Module, cfg: ExpertParallelConfig) -> list[LayerSpec]:
+    """The MoE blocks of ``model`` AutoEP replaces, with their resolved routing (DeepSpeed's ``ep_parser``).
+
+    A module whose name fully matches the preset's layer pattern and that has both the router and the
+    experts child is a block; a matching module without experts (a dense MLP layer) is skipped.
+
+    Raises:
+        ConfigError: no preset fits the model, no block is found, or a block's layout / routing settings
+            are not ones AutoEP can honour (each names its ``expert_parallel`` key).
+    """
+    model_config = getattr(model, "config", None)
+    specs: list[LayerSpec] = []
+    [(preset_name, preset)] = _candidates(cfg, model_config)
+    pattern = re.compile(preset.layer_pattern)
+    for name, module in model.named_modules():
+        if not pattern.fullmatch(name):
+            continue
+        experts = getattr(module, preset.experts, None)
+        router = getattr(module, preset.router, None)
+        if experts is None or router is None:
+            continue
+        specs.append(_resolve(cfg, preset_name, preset, model_config, name, module, router, experts))
+    if not specs:
+        raise ConfigError(
+            f"{_KEY}.enabled: no MoE block found for preset {preset_name!r} (modules matching "
+            f"{preset.layer_pattern!r} with children {preset.router!r} and {preset.experts!r}); choose the "
+            f"matching preset_model or set moe_layer_pattern / router_pattern / expert_pattern",
+            path=f"{_KEY}.preset_model",
+        )
+    return specs
+
+
+# --------------------------------------------------------------------------------------------- apply
+
+
+def apply_autoep(model: nn.Module, cfg: ExpertParallelConfig, comm: Any) -> dict[int, list[nn.Parameter]]:
+    """Replace every detected MoE block of ``model`` in place with an :class:`AutoEPMoELayer` (collective).
+
+    Args:
+        model: the Hugging Face model (before placement / precision casting).
+        cfg: the validated ``expert_parallel`` block (``enabled`` true).
+        comm: the data-parallel :class:`dscore.comm.Comm` whose ranks form the expert groups.
+
+    Returns:
+        ``id(old expert weight) -> this rank's new expert parameters`` (to remap user parameter lists).
+
+    Raises:
+        ConfigError: ``autoep_size`` does not divide the world size or a block's expert count, or as
+            :func:`detect_moe_layers`.
+    """
+    ep = int(cfg.autoep_size)
+    world = int(comm.get_world_size())
+    if world % ep:
+        raise ConfigError(
+            f"{_KEY}.autoep_size = {ep} must divide the data-parallel world size {world}; valid: "
+            f"{[d for d in range(1, world + 1) if world % d == 0]}",
+            path=f"{_KEY}.autoep_size",
+        )
+    specs = detect_moe_layers(model, cfg)
+    for spec in specs:
+        if spec.num_experts % ep:
+            raise ConfigError(
+                f"{_KEY}.autoep_size = {ep} must divide the {spec.num_experts} experts of {spec.name}; valid: "
+                f"{[d for d in range(1, spec.num_experts + 1) if spec.num_experts % d == 0 and world % d == 0]}",
+                path=f"{_KEY}.autoep_size",
+            )
+    groups = expert_groups(comm, ep)
+    replaced: dict[int, list[nn.Parameter]] = {}
+    for spec in specs:
+        parent_name, _, child = spec.name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        source = getattr(parent, child)
+        experts = getattr(source, spec.experts)
+        _, act = _activation(cfg, experts, spec.name)
+        layer = AutoEPMoELayer(source, spec, ep, groups.ep_rank, act)
+        layer.deepspeed_moe.set_ep_comm(groups.ep_comm)
+        new = [p for e in layer.deepspeed_moe.experts.deepspeed_experts for p in e.parameters()]
+        for p in experts.parameters(recurse=False):
+            replaced[id(p)] = new
+        setattr(parent, child, layer)
+        log.info(
+            "AutoEP: %s (%s) -> %d of %d experts on expert-parallel rank %d of %d, top-%d %s%s",
+            spec.name, spec.preset, layer.num_local_experts, spec.num_experts, groups.ep_rank, ep, spec.top_k,
+            spec.score_func, f", groups {spec.num_limited_groups}/{spec.num_expert_groups}"
+            if spec.num_expert_groups else "",
+        )  # fmt: skip
+    return replaced
+
+
+def remap_parameters(model_parameters: Iterable[Any] | None, replaced: dict[int, list[nn.Parameter]]) -> Any:
+    """``model_parameters`` with each replaced expert weight swapped for this rank's new expert parameters
+    (a flat iterable or parameter-group dicts; ``None`` stays ``None``). Each new parameter appears once."""
+    if model_parameters is None or not replaced:
+        return model_parameters
+    items = list(model_parameters)
+    seen: set[int] = set()
+
+    def swap(params: Iterable[Any]) -> list[Any]:
+        out: list[Any] = []
+        for p in params:
+            tensor = p[1] if isinstance(p, tuple) and len(p) == 2 else p
+            if isinstance(tensor, torch.Tensor) and id(tensor) in replaced:
+                for q in replaced[id(tensor)]:
+                    if id(q) not in seen:
+                        seen.add(id(q))
+                        out.append(q)
+            else:
+                out.append(tensor if isinstance(p, tuple) else p)
+        return out
+
+    if items and all(isinstance(g, dict) for g in items):
+        return [{**g, "params": swap([g["params"]] if isinstance(g["params"], torch.Tensor) else g["params"])}
+                for g in items]  # fmt: skip
+    return swap(items)
