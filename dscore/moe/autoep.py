@@ -369,8 +369,14 @@ def _candidates(cfg: ExpertParallelConfig, model_config: Any) -> list[tuple[str,
     """The preset(s) to detect with, config overrides applied (DeepSpeed's ``resolve_preset_candidates``)."""
     name = cfg.preset_model
     model_type = getattr(model_config, "model_type", None)
-    if name is None and model_type:
-        name = next((n for n, p in PRESETS.items() if model_type in p.hf_model_types), None)
+    known = next((n for n, p in PRESETS.items() if model_type in p.hf_model_types), None) if model_type else None
+    if name is not None and known is not None and known != name:
+        raise ConfigError(
+            f"{_KEY}.preset_model {name!r} does not fit the model: model.config.model_type {model_type!r} is "
+            f"preset {known!r} (its routing differs); set preset_model to {known!r} or leave it null",
+            path=f"{_KEY}.preset_model",
+        )
+    name = name or known
     if name is not None:
         base = PRESETS[name]
     elif cfg.moe_layer_pattern is not None:

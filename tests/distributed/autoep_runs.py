@@ -106,7 +106,7 @@ def train(
     ref = copy.deepcopy(model)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.5)
     engine, *_ = dscore.initialize(model=model, config=config(stage, ep, clip, **extra))
-    worst = {"logits": 0.0, "router_logits": 0.0, "aux_loss": 0.0, "loss": 0.0, "grad": 0.0, "weight": 0.0}
+    worst = {"logits": 0.0, "router_logits": 0.0, "loss": 0.0, "weight": 0.0}
     for step in range(STEPS):
         ids = [batch(r, step) for r in range(world)]
         whole = ref(input_ids=torch.cat(ids), output_router_logits=True)  # the concatenated batch
@@ -116,14 +116,23 @@ def train(
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
         res = engine(input_ids=ids[rank], labels=ids[rank], output_router_logits=True)
+        if ep > 1:  # the all-to-all really moved tokens: this rank routed some to the other rank's experts
+            from dscore.moe.autoep import AutoEPMoELayer
+
+            for m in engine.module.modules():
+                if isinstance(m, AutoEPMoELayer):
+                    counts = m.deepspeed_moe.exp_counts
+                    mine = counts[(rank % ep) * m.num_local_experts : (rank % ep + 1) * m.num_local_experts]
+                    assert int(counts.sum() - mine.sum()) > 0, "no token left this rank"
         rows = slice(rank * MICRO, (rank + 1) * MICRO)
         worst["logits"] = max(worst["logits"], _diff(res.logits, whole.logits[rows]))
         tok = slice(rank * MICRO * SEQ, (rank + 1) * MICRO * SEQ)
         assert len(res.router_logits) == len(whole.router_logits) > 0, "router logits were not captured"
         for mine, theirs in zip(res.router_logits, whole.router_logits):
             worst["router_logits"] = max(worst["router_logits"], _diff(mine, theirs[tok]))
-        if outs[rank].aux_loss is not None:
-            worst["aux_loss"] = max(worst["aux_loss"], _diff(res.aux_loss, outs[rank].aux_loss))
+        if outs[rank].aux_loss is not None:  # Mixtral / Qwen: HF adds router_aux_loss_coef * aux_loss to loss
+            assert res.aux_loss is not None and float(res.aux_loss) > 0, "the auxiliary loss was not computed"
+            worst["aux_loss"] = max(worst.get("aux_loss", 0.0), _diff(res.aux_loss, outs[rank].aux_loss))
         worst["loss"] = max(worst["loss"], _diff(res.loss, outs[rank].loss))
         engine.backward(res.loss)
         pairs = _pairs(engine, ref, rank % ep, ep)
@@ -139,7 +148,7 @@ def train(
                 else:
                     ref_g = _ref_grad(grads[name], ref, name)
                 mine_g = mine.grad if mine.grad is not None else torch.zeros_like(mine)
-                worst["grad"] = max(worst["grad"], _diff(mine_g, ref_g))
+                worst["grad"] = max(worst.get("grad", 0.0), _diff(mine_g, ref_g))
         engine.step()
         ref_opt.step()
         worst["weight"] = max(worst["weight"], max(_diff(a, b) for _, a, b in _pairs(engine, ref, rank % ep, ep)))
