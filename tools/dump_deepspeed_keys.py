@@ -110,6 +110,14 @@ def _constants(module: str, prefix: str, block: str, out: dict[str, dict[str, An
         out[f"{block}.{value}"] = {"default": default}
 
 
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except TypeError:
+        return False
+    return True
+
+
 def main(argv: list[str]) -> int:
     import deepspeed
     from deepspeed.runtime import config as ds_config
@@ -128,6 +136,17 @@ def main(argv: list[str]) -> int:
             default = getattr(mod, f"{name}_DEFAULT", None)
             default = default.value if isinstance(default, enum.Enum) else default
             keys[f"{block}.{getattr(mod, name)}"] = {"default": default}
+    # expert_parallel (AutoEP) is parsed by hand into a dataclass: its fields and defaults are the keys
+    import dataclasses
+
+    from deepspeed.module_inject.auto_ep_config import AutoEPConfig
+
+    keys["expert_parallel"] = {"block": True}
+    for f in dataclasses.fields(AutoEPConfig):
+        if f.name.startswith("_"):
+            continue
+        default = f.default
+        keys[f"expert_parallel.{f.name}"] = {"default": default if _jsonable(default) else None}
     keys["pipeline"] = {"block": True}
     for k, v in {"stages": "auto", "partition": "best", "seed_layers": False, "activation_checkpoint_interval": 0,
                  "pipe_partitioned": True, "grad_partitioned": True}.items():
