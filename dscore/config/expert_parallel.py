@@ -137,7 +137,9 @@ class ExpertParallelConfig(SectionModel):
     """Name of the fused gate+up weight ``[E, 2F, H]`` on the experts module (default ``gate_up_proj``)."""
     expert_w2: str | None = None
     """Name of the down weight ``[E, H, F]`` (default ``down_proj``)."""
-    expert_w3: str | None = Field(default=None, json_schema_extra=not_implemented("separate gate and up expert weights"))
+    expert_w3: str | None = Field(
+        default=None, json_schema_extra=not_implemented("separate gate and up expert weights")
+    )
     """Only null (the fused gate+up layout); a separate up-projection weight is refused."""
     num_experts_attr: str | None = None
     """``model.config`` attribute with the expert count (preset default)."""

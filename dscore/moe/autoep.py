@@ -312,7 +312,7 @@ class AutoEPMoELayer(MoE):
             for p in expert.parameters():
                 p.allreduce = False  # type: ignore[attr-defined]
                 p.group_name = self.expert_group_name  # type: ignore[attr-defined]
-        self.deepspeed_moe = _Dispatch(local, ep_size)
+        self.deepspeed_moe = _Dispatch(local, ep_size)  # type: ignore[assignment]  # MoE's slot, same duties
         self.shared_name = spec.shared_experts if getattr(source, spec.shared_experts or "_", None) is not None else ""
         if self.shared_name:
             setattr(self, self.shared_name, getattr(source, self.shared_name))
@@ -483,6 +483,7 @@ def _resolve(cfg: ExpertParallelConfig, preset_name: str, preset: Preset, model_
         top_k = int(value)
     if top_k > n:
         raise ConfigError(f"{_KEY}.top_k = {top_k} exceeds the {n} experts of {name}", path=f"{_KEY}.top_k")
+    score_func: str
     if cfg.score_func != "auto":
         score_func = cfg.score_func
     else:
@@ -615,7 +616,7 @@ def apply_autoep(model: nn.Module, cfg: ExpertParallelConfig, comm: Any) -> dict
         _, act = _activation(cfg, experts, spec.name)
         layer = AutoEPMoELayer(source, spec, ep, groups.ep_rank, act)
         layer.deepspeed_moe.set_ep_comm(groups.ep_comm)
-        new = [p for e in layer.deepspeed_moe.experts.deepspeed_experts for p in e.parameters()]
+        new = list(layer.deepspeed_moe.parameters())  # exactly this rank's expert parameters
         for p in experts.parameters(recurse=False):
             replaced[id(p)] = new
         setattr(parent, child, layer)

@@ -7,9 +7,8 @@ logits (vs the concatenated batch), the auxiliary loss and loss HF computes on t
 
 from __future__ import annotations
 
-import pytest
-
 import autoep_runs
+import pytest
 
 from dscore.testing import run_distributed
 

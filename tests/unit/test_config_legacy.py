@@ -84,7 +84,6 @@ def test_bfloat16_alias() -> None:
         ("hybrid_engine", {"enabled": False, "max_out_tokens": 512}, {"enabled": True}),
         ("autotuning", {"enabled": False}, {"enabled": True}),
         ("compile", {"deepcompile": False}, {"deepcompile": True}),
-        ("expert_parallel", {"enabled": False}, {"enabled": True}),
         ("data_efficiency", {"enabled": False, "data_sampling": {"enabled": False}},
          {"enabled": True}),
         ("weight_quantization", None, {"post_init_quant": {"fc": {"num_bits": 8}}}),
