@@ -192,12 +192,15 @@ class AutoEPExpert(nn.Module):
     Args:
         gate_up_proj: ``[2F, H]`` (copied); down_proj: ``[H, F]`` (copied).
         act: the gate activation (the source experts' ``act_fn`` when it matches the configured form).
+        requires_grad: of the two weights (the source's: frozen experts stay frozen).
     """
 
-    def __init__(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, act: Any, requires_grad: bool) -> None:
+    def __init__(
+        self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, act: Any, requires_grad: tuple[bool, bool]
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Parameter(gate_up_proj.detach().clone(), requires_grad=requires_grad)
-        self.down_proj = nn.Parameter(down_proj.detach().clone(), requires_grad=requires_grad)
+        self.gate_up_proj = nn.Parameter(gate_up_proj.detach().clone(), requires_grad=requires_grad[0])
+        self.down_proj = nn.Parameter(down_proj.detach().clone(), requires_grad=requires_grad[1])
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -305,7 +308,7 @@ class AutoEPMoELayer(MoE):
         first = ep_rank * self.num_local_experts
         with torch.no_grad():
             local = [
-                AutoEPExpert(w1[first + i], w2[first + i], act, bool(w1.requires_grad))
+                AutoEPExpert(w1[first + i], w2[first + i], act, (bool(w1.requires_grad), bool(w2.requires_grad)))
                 for i in range(self.num_local_experts)
             ]
         for expert in local:

@@ -154,3 +154,33 @@ def test_routing_keys_change_routing_as_deepspeeds_do() -> None:
     torch.testing.assert_close(w_raw, 2.0 * torch.softmax(logits.float(), -1).gather(1, e_raw))
     torch.testing.assert_close(w_norm * w_norm.new_tensor(1.0), w_raw / w_raw.sum(-1, keepdim=True))
     assert (base.spec.route_norm, other.spec.route_norm, other.spec.route_scale) == (True, False, 2.0)
+
+
+@pytest.mark.parametrize("score_apply", ["post", "pre"])
+def test_block_equals_a_dense_loop_over_experts(score_apply: str) -> None:
+    """One converted Qwen2-MoE block (autoep_size 1) against a plain per-token loop over the Hugging Face
+    expert tensors: ``post`` weights each expert's output, ``pre`` its input; shared expert and its sigmoid
+    gate added."""
+    import torch.nn.functional as F
+
+    hf = autoep_runs.build("qwen2_moe")
+    block = copy.deepcopy(hf.model.layers[0].mlp)
+    layer = _init(hf, score_apply=score_apply).module.model.layers[0].mlp
+    x = torch.randn(3, 5, 32, generator=torch.Generator().manual_seed(3))
+    flat = x.reshape(-1, 32)
+    with torch.no_grad():
+        probs = torch.softmax(F.linear(flat, block.gate.weight).float(), -1)
+        w, e = probs.topk(2, dim=-1)  # norm_topk_prob false in this config
+        want = torch.zeros_like(flat)
+        for t in range(flat.shape[0]):
+            for j in range(2):
+                g = int(e[t, j])
+                inp = flat[t] * w[t, j] if score_apply == "pre" else flat[t]
+                gate, up = F.linear(inp, block.experts.gate_up_proj[g]).chunk(2)
+                out = F.linear(F.silu(gate) * up, block.experts.down_proj[g])
+                want[t] += out if score_apply == "pre" else w[t, j] * out
+        want += torch.sigmoid(block.shared_expert_gate(flat)) * block.shared_expert(flat)
+        got = layer(x).reshape(-1, 32)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    if score_apply == "post":
+        torch.testing.assert_close(got, block(x).reshape(-1, 32), atol=1e-6, rtol=1e-5)
