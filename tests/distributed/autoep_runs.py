@@ -131,7 +131,7 @@ def train(
         for mine, theirs in zip(res.router_logits, whole.router_logits):
             worst["router_logits"] = max(worst["router_logits"], _diff(mine, theirs[tok]))
         if outs[rank].aux_loss is not None:  # Mixtral / Qwen: HF adds router_aux_loss_coef * aux_loss to loss
-            assert res.aux_loss is not None and float(res.aux_loss) > 0, "the auxiliary loss was not computed"
+            assert res.aux_loss is not None and float(res.aux_loss.detach()) > 0, "the auxiliary loss was not computed"
             worst["aux_loss"] = max(worst.get("aux_loss", 0.0), _diff(res.aux_loss, outs[rank].aux_loss))
         worst["loss"] = max(worst["loss"], _diff(res.loss, outs[rank].loss))
         engine.backward(res.loss)
