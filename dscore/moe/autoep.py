@@ -241,10 +241,13 @@ class _Dispatch(nn.Module):
         k = experts.shape[1]
         local = len(self.experts.deepspeed_experts)
         flat = experts.reshape(-1)
-        onehot = F.one_hot(flat, num_experts)
-        counts = onehot.sum(0)
-        self.exp_counts = counts.detach()
-        position = (onehot.cumsum(0) - 1).gather(1, flat.unsqueeze(1)).squeeze(1)
+        counts = torch.bincount(flat, minlength=num_experts)
+        self.exp_counts = counts
+        # each route's place among its expert's routes, in token order (a stable sort groups them)
+        by_expert = torch.argsort(flat, stable=True)
+        starts = counts.cumsum(0) - counts
+        position = torch.empty_like(flat)
+        position[by_expert] = torch.arange(flat.numel(), device=flat.device) - starts[flat[by_expert]]
         cap = counts.max().reshape(1).to(torch.int64)
         if self.ep_size > 1:
             if self.ep_comm is None:
