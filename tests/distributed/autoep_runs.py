@@ -133,6 +133,17 @@ def train(
         if outs[rank].aux_loss is not None:  # Mixtral / Qwen: HF adds router_aux_loss_coef * aux_loss to loss
             assert res.aux_loss is not None and float(res.aux_loss.detach()) > 0, "the auxiliary loss was not computed"
             worst["aux_loss"] = max(worst.get("aux_loss", 0.0), _diff(res.aux_loss, outs[rank].aux_loss))
+            # HF's own loss function over every rank's router logits is the concatenated batch's aux loss
+            import sys
+
+            lb = sys.modules[type(ref).__module__].load_balancing_loss_func
+            gathered = []
+            for mine in res.router_logits:
+                parts = [torch.empty_like(mine) for _ in range(world)]
+                dist.all_gather(parts, mine.detach().contiguous())
+                gathered.append(torch.cat(parts))
+            aux_all = lb(tuple(gathered), ref.num_experts, ref.num_experts_per_tok, None)
+            worst["aux_loss_concat"] = max(worst.get("aux_loss_concat", 0.0), _diff(aux_all, whole.aux_loss))
         worst["loss"] = max(worst["loss"], _diff(res.loss, outs[rank].loss))
         engine.backward(res.loss)
         pairs = _pairs(engine, ref, rank % ep, ep)

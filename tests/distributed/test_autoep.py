@@ -1,7 +1,8 @@
 """AutoEP (``expert_parallel``) on two real gloo ranks with ``autoep_size`` 2 and 4 experts (2 per rank):
 tiny random Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 and DeepSeek-V2 models trained through
 ``dscore.initialize`` equal the unmodified Hugging Face model in one process within 1e-5: logits and router
-logits (vs the concatenated batch), the auxiliary loss and loss HF computes on the rank's batch, gradients
+logits (vs the concatenated batch), the auxiliary loss and loss HF computes on the rank's batch (and HF's
+loss function over every rank's router logits equals the concatenated batch's aux loss), gradients
 (ZeRO 0) and weights after 3 SGD steps (ZeRO 0, 1, 2; one run with gradient clipping); a checkpoint saved at
 ``autoep_size`` 2 loads at 1 and keeps training equal. All scenarios share one spawn of the ranks."""
 
