@@ -184,3 +184,23 @@ def test_block_equals_a_dense_loop_over_experts(score_apply: str) -> None:
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
     if score_apply == "post":
         torch.testing.assert_close(got, block(x).reshape(-1, 32), atol=1e-6, rtol=1e-5)
+
+
+def test_user_parameter_lists_follow_the_replaced_experts() -> None:
+    """``model_parameters`` listing the Hugging Face fused expert weights trains the new expert parameters
+    (DeepSpeed remaps them too); the experts land in their own optimizer groups."""
+    import dscore
+    from dscore.moe.autoep import AutoEPMoELayer
+
+    m = autoep_runs.build("mixtral")
+    groups = [{"params": list(m.parameters()), "lr": 0.5}]
+    engine, *_ = dscore.initialize(model=m, model_parameters=groups, config=autoep_runs.config(0, 1))
+    experts = [
+        p for mod in engine.module.modules() if isinstance(mod, AutoEPMoELayer) for p in mod.deepspeed_moe.parameters()
+    ]
+    before = [p.detach().clone() for p in experts]
+    ids = autoep_runs.batch(0, 0)
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+    assert len(experts) == 16 and all(not torch.equal(a, p) for a, p in zip(before, experts))
+    assert any(g.get("moe") for g in engine.optimizer.param_groups)
