@@ -388,7 +388,7 @@ def _candidates(cfg: ExpertParallelConfig, model_config: Any) -> list[tuple[str,
     elif cfg.moe_layer_pattern is not None:
         name = "custom"
         base = Preset(cfg.moe_layer_pattern, "gate", "experts", "gate_up_proj", "down_proj", "num_local_experts",
-                      "num_experts_per_tok", "softmax", True, False)  # fmt: skip
+                      "num_experts_per_tok", "softmax", True, True)  # fmt: skip
     else:
         raise ConfigError(
             f"{_KEY}.enabled: the model (model_type {model_type!r}) is none of the families AutoEP knows "

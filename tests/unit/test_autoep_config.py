@@ -204,3 +204,18 @@ def test_user_parameter_lists_follow_the_replaced_experts() -> None:
     engine.step()
     assert len(experts) == 16 and all(not torch.equal(a, p) for a, p in zip(before, experts))
     assert any(g.get("moe") for g in engine.optimizer.param_groups)
+
+
+def test_a_custom_layout_by_moe_layer_pattern() -> None:
+    """An unknown ``model_type`` needs ``preset_model`` or ``moe_layer_pattern``; the custom preset (softmax,
+    renormalised, fused experts, DeepSpeed's ``_build_custom_preset`` defaults) reproduces a Mixtral-layout model."""
+    ref = autoep_runs.build("mixtral")
+    ref.config.model_type = "my_moe"
+    with pytest.raises(ConfigError, match="model_type 'my_moe'"):
+        _init(copy.deepcopy(ref))
+    engine = _init(copy.deepcopy(ref), moe_layer_pattern=r"model\.layers\.1\.mlp")
+    from dscore.moe.autoep import AutoEPMoELayer
+
+    converted = [n for n, mod in engine.module.named_modules() if isinstance(mod, AutoEPMoELayer)]
+    assert converted == ["model.layers.1.mlp"]
+    assert float((_logits(engine.module) - _logits(ref)).abs().max()) < 1e-5
