@@ -51,7 +51,17 @@ from dscore.moe.layer import MoE
 if TYPE_CHECKING:
     from dscore.config.expert_parallel import ExpertParallelConfig
 
-__all__ = ["AutoEPMoELayer", "LayerSpec", "Preset", "PRESETS", "apply_autoep", "detect_moe_layers"]
+__all__ = [
+    "AutoEPMoELayer",
+    "LayerSpec",
+    "Preset",
+    "PRESETS",
+    "apply_autoep",
+    "detect_moe_layers",
+    "hf_state_dict",
+    "remap_parameters",
+    "route",
+]
 
 log = logging.getLogger("dscore.moe.autoep")
 
@@ -660,3 +670,36 @@ def remap_parameters(model_parameters: Iterable[Any] | None, replaced: dict[int,
         return [{**g, "params": swap([g["params"]] if isinstance(g["params"], torch.Tensor) else g["params"])}
                 for g in items]  # fmt: skip
     return swap(items)
+
+
+def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state dict under the names and shapes of the unconverted Hugging Face model: each AutoEP
+    layer's experts gathered over its expert-parallel group and stacked back into ``<block>.<experts>.<w1>``
+    ``[N, 2F, H]`` / ``<w2>`` ``[N, H, F]`` (so ``save_pretrained`` / ``load_state_dict`` of the original class
+    take it). Collective over every layer's expert-parallel group; call it on every rank.
+
+    Raises:
+        ConfigError: an AutoEP layer with ``ep_size > 1`` has no expert-parallel group.
+    """
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, AutoEPMoELayer)}
+    out = {
+        k: v for k, v in model.state_dict().items() if ".deepspeed_moe." not in k and not k.startswith("deepspeed_moe.")
+    }
+    for name, layer in layers.items():
+        prefix = f"{name}." if name else ""
+        experts = list(layer.deepspeed_moe.experts.deepspeed_experts)
+        for attr, hf_name in (("gate_up_proj", layer.spec.w1), ("down_proj", layer.spec.w2)):
+            local = torch.stack([getattr(e, attr).detach() for e in experts])
+            if layer.ep_size > 1:
+                comm = layer.deepspeed_moe.ep_comm
+                if comm is None:
+                    raise ConfigError(
+                        f"AutoEP layer {name} has no expert-parallel group: build it through dscore.initialize",
+                        path=f"{_KEY}.autoep_size",
+                    )
+                full = local.new_empty((layer.num_experts, *local.shape[1:]))
+                comm.all_gather_into_tensor(full, local.contiguous())
+            else:
+                full = local.clone()
+            out[f"{prefix}{layer.spec.experts}.{hf_name}"] = full
+    return out

@@ -164,6 +164,12 @@ def train(
         ref_opt.step()
         worst["weight"] = max(worst["weight"], max(_diff(a, b) for _, a, b in _pairs(engine, ref, rank % ep, ep)))
     if save_dir is not None:
+        from dscore.moe.autoep import hf_state_dict
+
+        hf = hf_state_dict(engine.module)  # the Hugging Face names and fused shapes again, every expert
+        theirs = ref.state_dict()
+        assert sorted(hf) == sorted(theirs), sorted(set(hf) ^ set(theirs))
+        worst["hf_state_dict"] = max(_diff(hf[k], theirs[k]) for k in theirs)
         engine.save_checkpoint(save_dir, tag="ep2")
         # the same checkpoint at autoep_size 1: every rank holds all 4 experts, loaded from their global names
         model1 = build(family)
