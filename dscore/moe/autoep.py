@@ -687,7 +687,7 @@ def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     }
     for name, layer in layers.items():
         prefix = f"{name}." if name else ""
-        experts = list(layer.deepspeed_moe.experts.deepspeed_experts)
+        experts = [m for m in layer.deepspeed_moe.modules() if isinstance(m, AutoEPExpert)]  # local order
         for attr, hf_name in (("gate_up_proj", layer.spec.w1), ("down_proj", layer.spec.w2)):
             local = torch.stack([getattr(e, attr).detach() for e in experts])
             if layer.ep_size > 1:
