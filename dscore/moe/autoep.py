@@ -342,15 +342,18 @@ class AutoEPMoELayer(MoE):
         router = getattr(source, spec.router)
         self._has_correction_bias = getattr(router, "e_score_correction_bias", None) is not None
 
-    def set_deepspeed_parallelism(self, comm: Any = None, use_data_before_expert_parallel_: bool = False) -> None:
-        """Use the expert groups of ``ep_size`` over ``comm`` (collective; the engine calls it).
+    def set_deepspeed_parallelism(
+        self, comm: Any = None, use_data_before_expert_parallel_: bool = False, **kwargs: Any
+    ) -> None:
+        """Use the expert groups of ``ep_size`` over ``comm`` (collective; the engine calls it). Keyword
+        arguments (the run's ``mesh``) go to :meth:`MoE.set_deepspeed_parallelism`.
 
         Raises:
             ConfigError: the groups give this rank another expert-parallel rank than the one whose experts
                 the layer was built with, or as :meth:`MoE.set_deepspeed_parallelism`.
         """
         rank = self.ep_rank
-        super().set_deepspeed_parallelism(comm, use_data_before_expert_parallel_)
+        super().set_deepspeed_parallelism(comm, use_data_before_expert_parallel_, **kwargs)
         if self.ep_rank != rank:
             raise ConfigError(
                 f"AutoEP layer {self.spec.name} was built for expert-parallel rank {rank}, the groups say "
@@ -591,13 +594,17 @@ def detect_moe_layers(model: nn.Module, cfg: ExpertParallelConfig) -> list[Layer
 # --------------------------------------------------------------------------------------------- apply
 
 
-def apply_autoep(model: nn.Module, cfg: ExpertParallelConfig, comm: Any) -> dict[int, list[nn.Parameter]]:
+def apply_autoep(
+    model: nn.Module, cfg: ExpertParallelConfig, comm: Any, mesh: Any = None
+) -> dict[int, list[nn.Parameter]]:
     """Replace every detected MoE block of ``model`` in place with an :class:`AutoEPMoELayer` (collective).
 
     Args:
         model: the Hugging Face model (before placement / precision casting).
         cfg: the validated ``expert_parallel`` block (``enabled`` true).
         comm: the data-parallel :class:`dscore.comm.Comm` whose ranks form the expert groups.
+        mesh: the run's :class:`dscore.parallel.mesh.ParallelMesh`; its expert groups are used when it
+            keeps them (``mesh.expert_groups``), else groups over ``comm``.
 
     Returns:
         ``id(old expert weight) -> this rank's new expert parameters`` (to remap user parameter lists).
@@ -622,7 +629,8 @@ def apply_autoep(model: nn.Module, cfg: ExpertParallelConfig, comm: Any) -> dict
                 f"{[d for d in range(1, spec.num_experts + 1) if spec.num_experts % d == 0 and world % d == 0]}",
                 path=f"{_KEY}.autoep_size",
             )
-    groups = expert_groups(comm, ep)
+    from_mesh = getattr(mesh, "expert_groups", None)
+    groups = from_mesh(ep) if callable(from_mesh) else expert_groups(comm, ep)
     replaced: dict[int, list[nn.Parameter]] = {}
     for spec in specs:
         parent_name, _, child = spec.name.rpartition(".")

@@ -262,7 +262,7 @@ def _apply_autoep(
             "holds; pass the optimizer through ds_config or as a callable (params -> optimizer)",
             path="expert_parallel.enabled",
         )
-    replaced = apply_autoep(model, cfg.expert_parallel, runtime.comm)
+    replaced = apply_autoep(model, cfg.expert_parallel, runtime.comm, mesh)
     groups = param_groups(model, remap_parameters(model_parameters, replaced), None)
     return split_params_into_different_moe_groups_for_optimizer(groups) if groups else groups
 
