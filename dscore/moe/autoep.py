@@ -687,8 +687,15 @@ def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     take it). Collective over every layer's expert-parallel group; call it on every rank.
 
     Raises:
-        ConfigError: an AutoEP layer with ``ep_size > 1`` has no expert-parallel group.
+        ConfigError: an AutoEP layer with ``ep_size > 1`` has no expert-parallel group, or the parameters
+            are ZeRO-3 partitions.
     """
+    if any(hasattr(p, "ds_shape") for p in model.parameters()):
+        raise ConfigError(
+            "hf_state_dict needs full parameters, but the model is partitioned by ZeRO stage 3; export with "
+            "engine.save_16bit_model / the fp32 consolidation, or call it at ZeRO stage 0-2",
+            path="zero_optimization.stage",
+        )
     layers = {name: m for name, m in model.named_modules() if isinstance(m, AutoEPMoELayer)}
     out = {
         k: v for k, v in model.state_dict().items() if ".deepspeed_moe." not in k and not k.startswith("deepspeed_moe.")

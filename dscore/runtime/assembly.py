@@ -231,25 +231,23 @@ def assemble(
 
 
 def _apply_autoep(
-    runtime: Runtime, cfg: DscoreConfig, model: torch.nn.Module, mesh: ParallelMesh, client_optimizer: Any,
+    runtime: Runtime,
+    cfg: DscoreConfig,
+    model: torch.nn.Module,
+    mesh: ParallelMesh,
+    client_optimizer: Any,
     model_parameters: Iterable[Any] | None,
 ) -> Any:
     """AutoEP (``expert_parallel.enabled``): replace the model's MoE blocks (:mod:`dscore.moe.autoep`) and
     return the parameters to optimize, expert parameters in optimizer groups of their own.
 
     Raises:
-        ConfigError: with ZeRO stage 3, tensor / sequence parallelism or a client optimizer instance (each
-            names its key), or as :func:`dscore.moe.autoep.apply_autoep`.
+        ConfigError: with tensor / sequence parallelism or a client optimizer instance (each names its key),
+            or as :func:`dscore.moe.autoep.apply_autoep`.
     """
     from dscore.moe.autoep import apply_autoep, remap_parameters
     from dscore.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
-    if int(cfg.zero_stage) == 3:
-        raise ConfigError(
-            "expert_parallel.enabled with zero_optimization.stage 3 is not implemented (MoE expert parameters "
-            "are partitioned over their expert-data-parallel group at stages 0-2 only); use stage 0, 1 or 2",
-            path="expert_parallel.enabled",
-        )
     if mesh.tp_size > 1 or mesh.sp_size > 1:
         raise ConfigError(
             "expert_parallel.enabled with tensor_parallel.autotp_size > 1 or sequence_parallel_size > 1 (AutoEP "

@@ -3,7 +3,8 @@ tiny random Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 and DeepSeek-V2 models tr
 ``dscore.initialize`` equal the unmodified Hugging Face model in one process within 1e-5: logits and router
 logits (vs the concatenated batch), the auxiliary loss and loss HF computes on the rank's batch (and HF's
 loss function over every rank's router logits equals the concatenated batch's aux loss), gradients
-(ZeRO 0) and weights after 3 SGD steps (ZeRO 0, 1, 2; one run with gradient clipping); a checkpoint saved at
+(ZeRO 0) and weights after 3 SGD steps (ZeRO 0, 1, 2; one run with gradient clipping; ZeRO 3 with every
+parameter partitioned, its weights seen through the logits of one more forward); a checkpoint saved at
 ``autoep_size`` 2 loads at 1 and keeps training equal. All scenarios share one spawn of the ranks."""
 
 from __future__ import annotations

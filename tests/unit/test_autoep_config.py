@@ -112,11 +112,13 @@ def test_initialize_refuses_models_autoep_cannot_convert(model: str, block: dict
         _init(m, **block)
 
 
-def test_initialize_refuses_stage3_and_an_optimizer_instance() -> None:
+def test_hf_state_dict_refuses_stage3_partitions_and_initialize_an_optimizer_instance() -> None:
     import dscore
+    from dscore.moe.autoep import hf_state_dict
 
-    with pytest.raises(ConfigError, match="expert_parallel.enabled with zero_optimization.stage 3"):
-        _init(autoep_runs.build("mixtral"), stage=3)
+    engine = _init(autoep_runs.build("mixtral"), stage=3)  # AutoEP trains at ZeRO-3 (tests/distributed)
+    with pytest.raises(ConfigError, match="hf_state_dict needs full parameters"):
+        hf_state_dict(engine.module)
     m = autoep_runs.build("mixtral")
     cfg = autoep_runs.config(0, 1)
     del cfg["optimizer"]
