@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "OpBuildError",
+    "PartitionedParameterError",
     "did_you_mean",
 ]
 
@@ -147,3 +148,13 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class OpBuildError(DscoreError, RuntimeError):
     """A C++/CUDA op cannot be built or loaded (missing compiler, CUDA mismatch, build failure)."""
+
+
+class PartitionedParameterError(DscoreError, RuntimeError):
+    """A torch call read or wrote a ZeRO-3 partitioned parameter while it is released (only this rank's
+    partition exists). ``name`` is the parameter's name (qualified when known), ``call`` the torch call."""
+
+    def __init__(self, message: str, *, name: str = "", call: str = "") -> None:
+        super().__init__(message)
+        self.name = name
+        self.call = call

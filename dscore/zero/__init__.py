@@ -10,6 +10,8 @@ For stage authors (built-in and third-party, see CONTRIBUTING.md "Write a ZeRO s
 * :mod:`dscore.zero.optimizer`: the optimizer over flat partitions (:func:`build_optimizer`) and the
   global-norm unscale/clip (:func:`unscale_clip`);
 * :mod:`dscore.zero.partition`: :class:`FlatUnit`, the storage model of stage 3;
+* :mod:`dscore.zero.released`: released parameters refuse torch calls on their absent values
+  (:class:`ReleasedParameter`, :func:`name_parameters`);
 * :mod:`dscore.zero.leaf`: ZeRO-3 leaf modules (``set_z3_leaf_modules``, ``unset_z3_leaf_modules``,
   ``get_z3_leaf_modules``, ``z3_leaf_module``, ``z3_leaf_parameter``: DeepSpeed's names and semantics).
 
@@ -47,6 +49,7 @@ from dscore.zero.optimizer import (
 )
 from dscore.zero.partition import FlatUnit, ZeroParamStatus, is_partitioned, unit_of
 from dscore.zero.reducer import GradientReducer, ReduceBucket
+from dscore.zero.released import ReleasedParameter, name_parameters
 
 __all__ = [
     "FlatUnit",
@@ -55,6 +58,7 @@ __all__ = [
     "GroupLayout",
     "Init",
     "ReduceBucket",
+    "ReleasedParameter",
     "Segment",
     "ZeroParamStatus",
     "build_optimizer",
@@ -64,6 +68,7 @@ __all__ = [
     "is_partitioned",
     "load_optimizer_state",
     "load_partitioned_state",
+    "name_parameters",
     "optimizer_state_bytes",
     "optimizer_state_dict",
     "partitioned_state_dict",

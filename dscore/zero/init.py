@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from dscore.comm import Comm
 from dscore.zero.partition import FlatUnit, unit_of
+from dscore.zero.released import name_parameters
 
 __all__ = ["Init", "GatheredParameters"]
 
@@ -130,6 +131,7 @@ class Init:
             self.comm = self._collectives()
             for m in module.modules():
                 self._partition_module(m)
+            name_parameters(module)
 
     def _collectives(self) -> Comm:
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -211,6 +213,7 @@ class Init:
                 ctx._partition_module(module)
             if ctx._constructing == 0:
                 ctx._release_held()
+                name_parameters(module)  # the outermost module built: qualified names for errors
 
         wrapped._dscore_wrapped = True  # type: ignore[attr-defined]
         cls.__init__ = wrapped  # type: ignore[misc]

@@ -26,6 +26,7 @@ import torch
 from dscore.comm import Comm, Work
 from dscore.zero.buffer_cache import GatherBufferCache
 from dscore.zero.layout import packed_offsets
+from dscore.zero.released import mark_available, mark_released
 
 if TYPE_CHECKING:
     from dscore.zero.hpz import SecondaryPartition
@@ -139,13 +140,17 @@ class FlatUnit:
             p.ds_shape = shape  # type: ignore[attr-defined]
             p.ds_numel = n  # type: ignore[attr-defined]
             p.ds_status = ZeroParamStatus.AVAILABLE if self.gathered else ZeroParamStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
+            (mark_available if self.gathered else mark_released)(p)
             lo, hi = self.rank * self.chunk, (self.rank + 1) * self.chunk
             p.partition_numel = _Count(max(0, min(off + n, hi) - max(off, lo)))  # type: ignore[attr-defined]
             setattr(p, _UNIT_ATTR, self)
 
     def _set_status(self, status: ZeroParamStatus) -> None:
+        # a released parameter's class refuses torch calls on its absent values (dscore.zero.released)
+        mark = mark_released if status is ZeroParamStatus.NOT_AVAILABLE else mark_available
         for p in self.params:
             p.ds_status = status  # type: ignore[attr-defined]
+            mark(p)
 
     def own_slice(self) -> torch.Tensor:
         """This rank's chunk of ``full`` (a view; valid only while gathered)."""

@@ -95,6 +95,7 @@ from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, par
 from dscore.zero.leaf import apply_leaf_module_config, z3_leaf_module
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.partition import FlatUnit, unit_of
+from dscore.zero.released import name_parameters
 from dscore.zero.quantize import DEFAULT_BLOCK as QUANT_BLOCK
 from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore_plugins.zero.config import ZeroConfig
@@ -356,6 +357,7 @@ class Stage3(ZeroStage):
             if units:
                 self.module_units[mod] = units
         self.module_names = {m: n for n, m in module.named_modules()}
+        name_parameters(module)  # a released parameter's error names it ("lin.weight")
         self.leaf_units = self._merge_leaves(module)
         self.device = device or torch.device("cpu")
         if self.device.type == "cpu" or self.offload_param:
