@@ -403,7 +403,8 @@ class UlyssesSPDataLoaderAdapter:
                 (ids.double().flatten() * torch.arange(ids.numel(), device=ids.device)).sum(),
                 torch.tensor(float(ids.numel()), dtype=torch.float64, device=ids.device),
             ]
-        ).to(collective_device([ids]))  # a loader's batch is on the host; NCCL needs it on the device
+        ).to(collective_device([ids], device=self.device))  # a loader's batch is on the host; NCCL needs the device
+
         outs = [torch.empty_like(mine) for _ in range(self.sp)]
         self.comm.all_gather(outs, mine)
         if not all(torch.equal(outs[0], o) for o in outs[1:]):

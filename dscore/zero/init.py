@@ -21,6 +21,11 @@ values (construction code runs on every rank) into every rank's partition and re
 value lands. A call returning a view of the gathered storage keeps the unit gathered until the outermost
 module under construction returns (or the context exits), so the view stays valid. Metadata reads
 (``shape``, ``dtype``, ...) gather nothing.
+
+Outside the context (after the build, and after ``dscore.initialize`` outside forward/backward) no gather
+happens on touch: a torch call that would read or write a released parameter's values raises
+``dscore.errors.PartitionedParameterError`` naming the parameter and ``GatheredParameters``
+(:mod:`dscore.zero.released`; a gather is a collective, and code after the build may run on one rank only).
 """
 
 from __future__ import annotations

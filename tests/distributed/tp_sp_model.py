@@ -28,7 +28,7 @@ class RMSNorm(torch.nn.Module):
 def rope(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of ``x`` ``[b, s, h, d]`` at positions ``pos`` ``[b, s]``."""
     half = x.shape[-1] // 2
-    freq = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))
+    freq = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32, device=x.device) / half))
     ang = pos.float()[..., None] * freq  # [b, s, half]
     cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
     x1, x2 = x[..., :half], x[..., half:]
@@ -95,7 +95,7 @@ class TinyLlama(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
         if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1]).unsqueeze(0).expand_as(input_ids)
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(x, position_ids)

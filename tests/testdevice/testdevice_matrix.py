@@ -347,6 +347,193 @@ def run_ds_resume(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
         engine.close()
 
 
+def _tp_sp_model() -> Any:
+    """tests/distributed/tp_sp_model.py (the TinyLlama of the AutoTP / Ulysses tests)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
+    import tp_sp_model
+
+    return tp_sp_model
+
+
+def _tp_sp_result(engine: Any, losses: list[float], norms: list[float], logits0: Any) -> dict[str, Any]:
+    state = engine.zero_stage_impl.module_state_dict()
+    return {
+        "params": {k: v.detach().float().cpu().numpy().copy() for k, v in state.items()},
+        "losses": losses,
+        "norms": norms,
+        "logits0": logits0,
+        "local_shapes": {n: tuple(p.shape) for n, p in engine.module.named_parameters()},
+        "module_devices": sorted({p.device.type for p in engine.module.parameters()}),
+    }
+
+
+def _norm(engine: Any) -> float:
+    import torch
+
+    n = engine.get_global_grad_norm()
+    return float(n.detach().cpu()) if isinstance(n, torch.Tensor) else float(n)
+
+
+def run_autotp(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """AutoTP, tp 2 (dp 1 on 2 ranks), ZeRO ``stage``: 3 AdamW steps of the TinyLlama with clipping active
+    (the norm across tensor-parallel shards decides the update); the same-batch check runs on every forward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import dscore
+
+    m = _tp_sp_model()
+    cfg = m.ds_config(tensor_parallel={"autotp_size": 2}, zero_optimization={"stage": cell["stage"]},
+                      gradient_clipping=cell["clip"], accelerator=accelerator, steps_per_print=10**9)
+    engine, _, _, _ = dscore.initialize(model=m.make_model(), config=cfg)
+    try:
+        losses, norms, logits0 = [], [], None
+        with sdpa_kernel(SDPBackend.MATH):  # the same attention kernel on the host and the device
+            for b in m.batches(cell["steps"], cell["micro"], cell["seq"]):
+                ids, labels = b["input_ids"].to(engine.device), b["labels"].to(engine.device)
+                logits = engine(ids)
+                assert logits.device == engine.device, f"logits on {logits.device}, expected {engine.device}"
+                loss = m.causal_lm_loss(logits, labels)
+                engine.backward(loss)
+                engine.step()
+                norms.append(_norm(engine))
+                losses.append(float(loss.detach().cpu()))
+                if logits0 is None:
+                    logits0 = logits.detach().float().cpu().numpy().copy()
+        return _tp_sp_result(engine, losses, norms, logits0)
+    finally:
+        engine.close()
+
+
+def run_ulysses(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """Ulysses, sp 2 on 2 ranks, ZeRO ``stage``: 3 AdamW steps of the TinyLlama over ``seq`` tokens split in
+    two, the sequence's token-weighted loss gathered across the sp ranks (as ulysses_runs.py)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import dscore
+    from dscore.parallel.ulysses import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter, all_gather_differentiable
+
+    m = _tp_sp_model()
+    seq, micro = cell["seq"], cell["micro"]
+    cfg = m.ds_config(sequence_parallel_size=2, zero_optimization={"stage": cell["stage"]}, gradient_clipping=1e6,
+                      accelerator=accelerator, steps_per_print=10**9)
+    engine, _, _, _ = dscore.initialize(model=m.make_model(), config=cfg)
+    try:
+        mesh = engine.runtime.mesh
+        for layer in engine.module.layers:
+            layer.self_attn.core = UlyssesSPAttentionHF(
+                m.sdpa_core, local_seq_length=seq // 2, global_seq_length=seq, batch_size=micro,
+                attn_head_count=m.HEADS, attn_head_size=m.HEAD_DIM, kv_head_count=m.HEADS,
+                num_hidden_layers=m.LAYERS, process_group=mesh.sp_comm,
+            )
+        loader = UlyssesSPDataLoaderAdapter(
+            m.batches(cell["steps"], micro, seq), sp_rank=mesh.sp_rank, sp_group=mesh.get_sequence_parallel_group(),
+            sp_world_size=2, device=engine.device,
+        )
+        losses, norms, logits0 = [], [], None
+        with sdpa_kernel(SDPBackend.MATH):
+            for b in loader:
+                assert b["input_ids"].device == engine.device, b["input_ids"].device
+                logits = engine(b["input_ids"], b["position_ids"])
+                labels = b["shift_labels"]
+                loss_sum = F.cross_entropy(logits.reshape(-1, m.VOCAB).float(), labels.reshape(-1), ignore_index=-100,
+                                           reduction="sum")
+                count = (labels != -100).sum().to(torch.float32)
+                loss = (all_gather_differentiable(loss_sum, mesh.sp_comm).sum()
+                        / all_gather_differentiable(count, mesh.sp_comm).sum())
+                engine.backward(loss)
+                engine.step()
+                norms.append(_norm(engine))
+                losses.append(float(loss.detach().cpu()))
+                if logits0 is None:
+                    logits0 = logits.detach().float().cpu().numpy().copy()
+        return _tp_sp_result(engine, losses, norms, logits0)
+    finally:
+        engine.close()
+
+
+def run_offload_states(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
+    """``offload_states`` / ``reload_states`` at ZeRO ``stage``: two engines train the same 2 steps; one then
+    offloads each state kind alone and reloads it, then all kinds together and reloads, reading the device
+    allocator's byte counter (``memory_allocated``) before, after the offload and after the reload; both
+    train 2 more steps and their weights are returned (equal bit for bit when offload -> reload is exact).
+
+    ``kinds[k]`` holds, per kind (and ``"all"``): the bytes the counter dropped, the bytes it came back, the
+    offloader's own count (:meth:`~dscore.runtime.offload_states.StateOffloader.bytes_by_kind`) and the
+    bytes of the distinct device storages behind the stage's tensors of that kind (the states' sizes).
+    On the CPU the counter does not exist: only the weights are compared there.
+    """
+    import torch
+    import torch.distributed as dist
+
+    import dscore
+    from dscore.runtime.offload_states import OFFLOAD_STATE_TYPES
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = engine_config({**cell, "gas": 1}, accelerator)
+    plain, _, _, _ = dscore.initialize(model=make_model(), config=cfg)
+    moved, _, _, _ = dscore.initialize(model=make_model(), config=cfg)
+    device = moved.device
+    counter = torch.get_device_module(device.type).memory_allocated if device.type != "cpu" else None
+
+    def train(engine: Any, first: int, steps: int) -> None:
+        x, y = data(MICRO * world * (first + steps))
+        for k in range(first, first + steps):
+            rows = slice(k * MICRO * world + rank * MICRO, k * MICRO * world + (rank + 1) * MICRO)
+            out = engine(x[rows].to(device=device, dtype=_dtype(cell)))
+            engine.backward(((out.float() - y[rows].to(device)) ** 2).mean())
+            engine.step()
+
+    def sizes(kinds: list[str]) -> int:
+        tensors = moved.zero_stage_impl.offload_state_tensors()  # (stage 3 frees its gather cache here)
+        seen: dict[int, int] = {}
+        for kind in kinds:
+            for t in tensors.get(kind, []):
+                if t is not None and t.device.type == device.type:
+                    st = t.untyped_storage()
+                    seen[st.data_ptr()] = int(st.nbytes())
+        return sum(seen.values())
+
+    try:
+        train(plain, 0, 2)
+        train(moved, 0, 2)
+        kinds: dict[str, dict[str, int]] = {}
+        if counter is not None:
+            for kind in [*OFFLOAD_STATE_TYPES, "all"]:
+                include = list(OFFLOAD_STATE_TYPES) if kind == "all" else [kind]
+                size = sizes(include)
+                before = counter(device)
+                moved.offload_states(include=include)
+                offloaded = counter(device)
+                counted = moved.__dict__["_state_offloader"].bytes_by_kind()
+                moved.reload_states()
+                after = counter(device)
+                kinds[kind] = {
+                    "freed": before - offloaded,
+                    "returned": after - offloaded,
+                    "offloader": counted.get(kind, 0) if kind != "all" else sum(counted.values()),
+                    "size": size,
+                    "before": before,
+                }
+        else:
+            moved.offload_states()
+            moved.reload_states()
+        train(plain, 2, 2)
+        train(moved, 2, 2)
+        weights = [e.zero_stage_impl.module_state_dict() for e in (plain, moved)]
+        return {
+            "params": {k: v.detach().float().cpu().numpy().copy() for k, v in weights[1].items()},
+            "same_as_never_offloaded": all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0]),
+            "kinds": kinds,
+        }
+    finally:
+        plain.close()
+        moved.close()
+
+
 KINDS = {
     "ds_resume": run_ds_resume,
     "train": run_cell,
@@ -355,6 +542,9 @@ KINDS = {
     "gathered": run_gathered,
     "pipeline": run_pipeline,
     "gpt": run_gpt,
+    "autotp": run_autotp,
+    "ulysses": run_ulysses,
+    "offload_states": run_offload_states,
 }
 
 
