@@ -95,9 +95,9 @@ from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, par
 from dscore.zero.leaf import apply_leaf_module_config, z3_leaf_module
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.partition import FlatUnit, unit_of
-from dscore.zero.released import name_parameters
 from dscore.zero.quantize import DEFAULT_BLOCK as QUANT_BLOCK
 from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
+from dscore.zero.released import name_parameters
 from dscore_plugins.zero.config import ZeroConfig
 from dscore_plugins.zero.experts import (
     ReducerSet,
