@@ -97,9 +97,10 @@ def _cells(tmp: str) -> list[dict[str, Any]]:
         {"kind": "ds_resume", "stage": 3, "precision": "fp32", "fixture": "tied_z2_ws2"},
     ]
     # AutoTP (tp 2, clipping active) and Ulysses (sp 2) on the TinyLlama of tests/distributed/tp_sp_model.py
-    cells += [{"kind": "autotp", "stage": s, "precision": "fp32", "clip": TP_CLIP, "steps": 3, "micro": 2, "seq": 16}
-              for s in (0, 1)]
-    cells += [{"kind": "ulysses", "stage": s, "precision": "fp32", "steps": 3, "micro": 2, "seq": 64} for s in (0, 3)]
+    # (ZeRO 1: the clipping norm is summed over the gradient group and the tp group; ZeRO 3: Ulysses' shards
+    # through stage-3 gathers; one cell each keeps the suite's time)
+    cells += [{"kind": "autotp", "stage": 1, "precision": "fp32", "clip": TP_CLIP, "steps": 3, "micro": 2, "seq": 16},
+              {"kind": "ulysses", "stage": 3, "precision": "fp32", "steps": 3, "micro": 2, "seq": 64}]
     # offload_states / reload_states, the device allocator's counter read around each kind
     cells += [{"kind": "offload_states", "stage": s, "precision": p} for s, p in OFFLOAD_CELLS]
     return cells
@@ -277,7 +278,7 @@ def test_autotp_and_ulysses_on_the_device_match_one_process(matrix: dict[str, An
             assert _maxdiff(dev["params"], {k: v.numpy() for k, v in ref["params"].items()}) <= 1e-5, cell
             if cell["kind"] == "autotp":  # really split: half the rows of q_proj on each rank
                 assert dev["local_shapes"]["layers.0.self_attn.q_proj.weight"] == (16, 32), cell
-    assert seen == 2 * 4
+    assert seen == 2 * 2
 
 
 def test_offload_states_frees_the_states_bytes_on_the_device(matrix: dict[str, Any]) -> None:
