@@ -57,7 +57,7 @@ def _one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     from dscore.testing import run_distributed
 
-    r0, _ = run_distributed(_job, 2, args=(args.depth, args.hidden, args.steps), timeout=600)
+    r0, _ = run_distributed(_job, 2, args.depth, args.hidden, args.steps, timeout=600)
     print(json.dumps(r0))
 
 
