@@ -1,5 +1,9 @@
 """Stage-3 step time with and without the released-parameter guard (:mod:`dscore.zero.released`).
 
+``--toggle``: one 2-rank job alternating blocks of steps with the guard on and switched off in-process (the
+robust number on a loaded machine: both modes share the process, the model and the load); prints the median
+step of each mode, their ratio and the marking calls per step.
+
 The guard swaps a partitioned parameter's class on every gather and release; this measures what that
 costs a ZeRO-3 training step. Each round runs one 2-rank gloo job (``dscore.testing.run_distributed``)
 that trains a deep, narrow MLP (many small units: the worst case for per-unit overhead) and reports the
@@ -26,10 +30,11 @@ from typing import Any
 import torch
 
 
-def _job(depth: int, hidden: int, steps: int) -> dict[str, Any]:
+def _job(depth: int, hidden: int, steps: int, toggle: bool) -> dict[str, Any]:
     import torch.distributed as dist
 
     import dscore
+    import dscore.zero.partition as partition
 
     torch.manual_seed(0)
     layers: list[torch.nn.Module] = []
@@ -43,21 +48,59 @@ def _job(depth: int, hidden: int, steps: int) -> dict[str, Any]:
     }
     engine, *_ = dscore.initialize(model=model, model_parameters=model.parameters(), config=config)
     x = torch.randn(8, hidden, generator=torch.Generator().manual_seed(dist.get_rank()))
-    times = []
-    for i in range(steps + 5):
+    guard = getattr(partition, "mark_released", None), getattr(partition, "mark_available", None)
+    swaps = [0]
+
+    def off(p: torch.Tensor) -> None:
+        return None
+
+    def counting(fn: Any) -> Any:
+        def wrapped(p: torch.Tensor) -> None:
+            swaps[0] += 1
+            fn(p)
+
+        return wrapped
+
+    def step() -> float:
         t0 = time.perf_counter()
         engine.backward(engine(x).pow(2).mean())
         engine.step()
-        if i >= 5:
-            times.append(time.perf_counter() - t0)
-    return {"median_step_s": statistics.median(times), "file": dscore.zero.partition.__file__}
+        return time.perf_counter() - t0
+
+    for _ in range(5):
+        step()
+    times: dict[str, list[float]] = {"guard": [], "off": []}
+    block = 4
+    for i in range(steps // block):
+        # in-process A/B: blocks of steps alternate between the guard and the guard switched off (the
+        # partition module's two marking functions replaced by a no-op), so load on a shared machine hits both
+        mode = "off" if (toggle and i % 2) else "guard"
+        if toggle:
+            partition.mark_released, partition.mark_available = (off, off) if mode == "off" else guard
+            for p in engine.module.parameters():  # every parameter's class as the mode would have left it
+                u = partition.unit_of(p)
+                if guard[0] is not None and u is not None:
+                    (guard[0] if mode == "guard" and not u.gathered else guard[1])(p)
+        times[mode] += [step() for _ in range(block)]
+    if toggle and guard[0] is not None:
+        partition.mark_released, partition.mark_available = counting(guard[0]), counting(guard[1])
+        step()
+        partition.mark_released, partition.mark_available = guard
+    out: dict[str, Any] = {k: statistics.median(v) for k, v in times.items() if v}
+    out["marks_per_step"] = swaps[0]
+    out["file"] = partition.__file__
+    return out
 
 
 def _one(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     from dscore.testing import run_distributed
 
-    r0, _ = run_distributed(_job, 2, args.depth, args.hidden, args.steps, timeout=600)
+    r0, _ = run_distributed(_job, 2, args.depth, args.hidden, args.steps, args.toggle, timeout=600)
+    if args.toggle:
+        print(f"stage-3 step (depth {args.depth}, hidden {args.hidden}, 2 gloo ranks, in-process A/B): guard "
+              f"{r0['guard'] * 1e3:.3f} ms, guard off {r0['off'] * 1e3:.3f} ms, ratio {r0['guard'] / r0['off']:.4f}, "
+              f"{r0['marks_per_step']} marking calls per step")
     print(json.dumps(r0))
 
 
@@ -69,8 +112,9 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=24)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--toggle", action="store_true", help="in-process A/B only (guard on/off), no baseline tree")
     args = ap.parse_args()
-    if args.one:
+    if args.one or args.toggle:
         _one(args)
         return
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,7 +127,7 @@ def main() -> None:
             out = subprocess.run(cmd, env=env, cwd="/tmp", capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             assert r["file"].startswith(tree), (label, r["file"])
-            res[label].append(r["median_step_s"])
+            res[label].append(r["guard"])
     g, b = statistics.median(res["guard"]), statistics.median(res["baseline"])
     print(f"stage-3 step (depth {args.depth}, hidden {args.hidden}, 2 gloo ranks): guard {g * 1e3:.2f} ms, "
           f"baseline {b * 1e3:.2f} ms, ratio {g / b:.3f}")
