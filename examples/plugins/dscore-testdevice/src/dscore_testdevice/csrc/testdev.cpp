@@ -423,6 +423,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_layer_norm_backward", torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
   m.impl("native_group_norm", torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
   m.impl("native_group_norm_backward", torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
+  // CompositeImplicitAutograd with CPU/CUDA kernels: SiLU's backward formula differs from the CPU kernel in
+  // the last bit (Llama-style MLPs: the AutoTP / Ulysses cells of the test-device matrix)
+  m.impl("silu_backward", torch::CppFunction::makeFromBoxedFunction<&testdev::fallback>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
