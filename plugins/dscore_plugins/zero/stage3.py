@@ -913,9 +913,12 @@ class Stage3(ZeroStage):
     def zero_grad(self) -> None:
         """Drop accumulated gradient partitions (and any staged or per-parameter gradients)."""
         self.reducer.reset()
-        for s in self.units:
-            for p in s.unit.params:
-                p.grad = None
+        # released parameters guard value reads in __torch_function__ (dscore.zero.released); dropping .grad
+        # reads no values, so it skips that dispatch (~6 us per parameter otherwise)
+        with torch._C.DisableTorchFunctionSubclass():
+            for s in self.units:
+                for p in s.unit.params:
+                    p.grad = None
         self._fresh = True
 
     # ------------------------------------------------------------------ checkpoints
