@@ -10,14 +10,53 @@ from dscore.testing import run_distributed
 
 pytestmark = pytest.mark.slow
 
-FAST = {"DSCORE_ARRIVAL_TIMEOUT": "3"}
+# The arrival timeout under test (seconds). It is set only around the calls that test it, once every rank
+# has passed a point they all reach (so a rank that a loaded machine delays on its way there never counts),
+# and a rank that must stay away waits for the others' "done" key instead of sleeping a guessed time: the
+# outcome never depends on how fast a rank runs. Everything else (initialize, the set-up checkpoint) keeps
+# the default 120 s.
+FAST_S = "3"
+_DONE = "test/arrival/done"
 
 
-def _engine(stage: int):
+def _line_up_then_fast() -> None:
+    """Every rank reaches this point (a barrier: no timeout of ours), then the 3 s timeout applies."""
+    import os
+
+    import torch.distributed as dist
+
+    dist.barrier()
+    os.environ["DSCORE_ARRIVAL_TIMEOUT"] = FAST_S
+
+
+def _store():
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()
+
+
+def _mark_done(tag: str) -> None:
+    import torch.distributed as dist
+
+    _store().set(f"{_DONE}/{tag}/{dist.get_rank()}", "1")
+
+
+def _wait_done(tag: str, ranks: list[int]) -> None:
+    from datetime import timedelta
+
+    _store().wait([f"{_DONE}/{tag}/{r}" for r in ranks], timedelta(seconds=600))
+
+
+def _engine(stage: int, skew_s: float = 0.0):
+    import time
+
     import torch
+    import torch.distributed as dist
 
     import dscore
 
+    if dist.get_rank() == 1:
+        time.sleep(skew_s)  # a rank reaching initialize late, as on a loaded machine
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     config = {
@@ -46,19 +85,25 @@ def _call(engine, method: str, path: str):
             pass
 
 
-def _only_some_call(methods: list[str], stage: int, callers: list[int], path: str):
-    import time
-
+def _only_some_call(methods: list[str], stage: int, callers: list[int], path: str, skew_s: float = 0.0):
     import torch.distributed as dist
 
-    from dscore.comm.guard import CollectiveArrivalError
-
-    engine = _engine(stage)
+    engine = _engine(stage, skew_s)
     if "load_checkpoint" in methods:
         engine.save_checkpoint(path, tag="t")  # every rank: something to load
+    _line_up_then_fast()
     if dist.get_rank() not in callers:
-        time.sleep(3 * len(methods) + 3)  # stay alive (and away) while the others wait
+        _wait_done("calls", callers)  # stay alive (and away) until every caller is through
         return None
+    try:
+        return _call_each(engine, methods, path)
+    finally:
+        _mark_done("calls")
+
+
+def _call_each(engine, methods: list[str], path: str):
+    from dscore.comm.guard import CollectiveArrivalError
+
     results = []
     for method in methods:
         try:
@@ -72,7 +117,8 @@ def _only_some_call(methods: list[str], stage: int, callers: list[int], path: st
 
 def test_rank0_only_save_checkpoint_names_the_method_and_the_missing_rank(tmp_path) -> None:
     """The issue's input: ZeRO stage 2, only rank 0 calls save_checkpoint."""
-    out = run_distributed(_only_some_call, 2, ["save_checkpoint"], 2, [0], str(tmp_path), env=FAST, timeout=240)
+    # rank 1 reaches initialize 4 s after rank 0 (more than the 3 s under test): only the call under test counts
+    out = run_distributed(_only_some_call, 2, ["save_checkpoint"], 2, [0], str(tmp_path), 4.0, timeout=240)
     assert out[1] is None
     (result,) = out[0]
     assert result["method"] == "save_checkpoint", result
@@ -85,7 +131,7 @@ def test_rank0_only_save_checkpoint_names_the_method_and_the_missing_rank(tmp_pa
 def test_every_rank_that_arrived_raises(tmp_path) -> None:
     """Three ranks at ZeRO stage 3, rank 1 never calls: ranks 0 and 2 both raise for each API, naming [1]."""
     methods = ["load_checkpoint", "save_16bit_model", "GatheredParameters"]
-    out = run_distributed(_only_some_call, 3, methods, 3, [0, 2], str(tmp_path), env=FAST, timeout=300)
+    out = run_distributed(_only_some_call, 3, methods, 3, [0, 2], str(tmp_path), timeout=300)
     assert out[1] is None
     for rank in (0, 2):
         assert [r["method"] for r in out[rank]] == methods, out[rank]
@@ -95,18 +141,19 @@ def test_every_rank_that_arrived_raises(tmp_path) -> None:
 
 
 def _late_arrival(timeout_s: float):
-    import time
-
     import torch.distributed as dist
 
     from dscore.comm.guard import CollectiveArrivalError, ensure_all_arrived
 
     if dist.get_rank() == 0:
-        time.sleep(timeout_s + 3)  # arrives after rank 1 gave up
+        _wait_done("gave_up", [1])  # arrives only after rank 1 gave up, however long that took
     try:
         ensure_all_arrived("save_checkpoint", timeout=timeout_s)
     except CollectiveArrivalError as exc:
         return {"missing": exc.missing, "arrived": exc.arrived, "message": str(exc)}
+    finally:
+        if dist.get_rank() == 1:
+            _mark_done("gave_up")
     return None
 
 
@@ -117,24 +164,25 @@ def test_a_rank_arriving_after_the_others_gave_up_raises_too() -> None:
 
 
 def _initialize_on_rank0_only():
-    import time
-
     import torch.distributed as dist
 
     from dscore.comm.guard import CollectiveArrivalError
 
+    _line_up_then_fast()
     if dist.get_rank() == 1:
-        time.sleep(5)
+        _wait_done("initialize", [0])
         return None
     try:
         _engine(0)
     except CollectiveArrivalError as exc:
         return {"method": exc.method, "missing": exc.missing}
+    finally:
+        _mark_done("initialize")
     return {"method": None}
 
 
 def test_initialize_not_called_by_every_rank_of_an_existing_group() -> None:
-    out = run_distributed(_initialize_on_rank0_only, 2, env=FAST, timeout=120)
+    out = run_distributed(_initialize_on_rank0_only, 2, timeout=120)
     assert out[0] == {"method": "initialize", "missing": [1]}
 
 
