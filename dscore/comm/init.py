@@ -48,7 +48,6 @@ import logging
 import os
 import sys
 import threading
-import time
 import types
 import weakref
 from collections.abc import Mapping
@@ -58,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from dscore.comm.env import DistributedEnv, discover_env, existing_group_env
+from dscore.comm.exit_drain import backend_workers_present, drain_backend_workers
 from dscore.comm.facade import Comm
 from dscore.comm.fingerprint import verify_plugin_set
 from dscore.comm.guard import ensure_all_arrived
@@ -171,13 +171,13 @@ class ProcessGroupOwner:
         release_torch_group_pins()
         flush_pending_sends()
         dist.destroy_process_group()
-        if _backend_thread_activity() is not None:
+        if backend_workers_present():
             # some group survived its destroy: the default one kept by code dscore does not control, or a
             # sub-group a live engine still holds (the pipeline engine's stage groups). Its backend and
-            # worker threads then live into finalization; the best left to do is to let workers that are
-            # about to drop finished collectives take the GIL now, while the interpreter is alive
-            log.debug("a destroyed process group is still referenced; waiting for its threads to go idle")
-            _wait_for_idle_backend_threads()
+            # worker threads then live into finalization: let them finish and drop what they ran while the
+            # interpreter is alive (dscore.comm.exit_drain)
+            log.debug("a destroyed process group is still referenced; waiting for its worker threads to park")
+            drain_backend_workers()
         return True
 
     def destroy_at_exit(self) -> None:
@@ -190,13 +190,12 @@ class ProcessGroupOwner:
         """
         try:
             if not self.destroy("the interpreter is exiting"):
-                # the user's group: deliver and drop dscore's own work on it, then let gloo's threads drop
-                # the collectives they finished while the interpreter is alive (a worker that does so
-                # during finalization needs the GIL and aborts the process: issue 27, item 5)
+                # the user's group: deliver and drop dscore's own work on it, then let gloo's workers finish
+                # and drop the collectives in flight while the interpreter is alive (a worker that drops one
+                # during finalization needs the GIL and aborts the process: dscore.comm.exit_drain)
                 flush_pending_sends()
                 release_torch_group_pins()
-                if _backend_thread_activity() is not None:
-                    _wait_for_idle_backend_threads()
+                drain_backend_workers()
         except Exception as exc:  # noqa: BLE001 - exit must go on; say what happened
             log.warning("could not end the process group cleanly at exit: %s", exc)
 
@@ -268,55 +267,6 @@ def _release_defaults(func: types.FunctionType, group: Any) -> int:
         count += sum(1 for v in kwdefaults.values() if v is group)
         func.__kwdefaults__ = {k: (None if v is group else v) for k, v in kwdefaults.items()}
     return count
-
-
-# gloo's worker threads, by the name torch gives them (its I/O loop thread wakes every 10 ms, so it
-# never looks idle; the workers are the ones that drop finished collectives)
-_BACKEND_THREADS = ("pt_gloo_runloop",)
-_IDLE_POLL_S = 0.01
-_IDLE_POLLS = 3  # consecutive polls without run or run-queue time
-_IDLE_MAX_S = 2.0
-
-
-def _backend_thread_activity() -> int | None:
-    """Nanoseconds the backend threads have run or waited to run (``/proc/self/task/*/schedstat``), or
-    None where that cannot be read."""
-    total, seen = 0, False
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        return None
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as fh:
-                if fh.read().strip() not in _BACKEND_THREADS:
-                    continue
-            with open(f"/proc/self/task/{tid}/schedstat") as fh:
-                run_ns, wait_ns, _ = fh.read().split()
-        except (OSError, ValueError):
-            continue
-        total += int(run_ns) + int(wait_ns)
-        seen = True
-    return total if seen else None
-
-
-def _wait_for_idle_backend_threads() -> None:
-    """Release the GIL until the backend threads have neither run nor waited for a CPU for a few polls
-    (a worker dropping a finished collective needs the GIL for a moment), at most ``_IDLE_MAX_S``.
-
-    A best effort, used only when a destroyed group is still referenced (by code dscore does not control,
-    or by a live engine's sub-group), so it cannot be freed and its threads cannot be joined.
-    """
-    deadline = time.monotonic() + _IDLE_MAX_S
-    last, quiet = _backend_thread_activity(), 0
-    if last is None:
-        time.sleep(_IDLE_POLL_S * _IDLE_POLLS)
-        return
-    while quiet < _IDLE_POLLS and time.monotonic() < deadline:
-        time.sleep(_IDLE_POLL_S)
-        now = _backend_thread_activity()
-        quiet = quiet + 1 if now == last else 0
-        last = now
 
 
 #: the process-wide owner of the default process group dscore created (see :class:`ProcessGroupOwner`).
