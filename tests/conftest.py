@@ -48,6 +48,43 @@ def _isolate_process_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         context.set_runtime(saved_runtime)
 
 
+# ---------------------------------------------------------------- one op build per op per whole-suite run
+#: set by a whole-suite run: the op cache every tier (and every rank it starts) shares for the session
+SHARED_OPS_ENV = "DSCORE_TEST_SHARED_OPS_DIR"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A whole-suite run (``make test``; or ``DSCORE_TEST_SHARED_OPS=1``) compiles each JIT op once, into a
+    fresh session cache that every tier uses: the ops tier's real ninja builds (``tests/ops/conftest.py``)
+    and the ops the engine tiers load (cpu_adam for offload, shm_sync, async_io), which otherwise went to
+    ``~/.cache/torch_extensions`` and were compiled a second time there on a fresh machine (issue 33 item 15).
+    A targeted run keeps the per-user cache; an explicit ``TORCH_EXTENSIONS_DIR`` is always kept."""
+    whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    wanted = os.environ.get("DSCORE_TEST_SHARED_OPS", "1" if whole_suite else "0") not in ("", "0")
+    if not wanted or os.environ.get("TORCH_EXTENSIONS_DIR") or os.environ.get(SHARED_OPS_ENV):
+        return
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="dscore-test-ops-")
+    os.environ["TORCH_EXTENSIONS_DIR"] = root
+    os.environ[SHARED_OPS_ENV] = root
+    _SHARED_OPS["root"] = root
+
+
+_SHARED_OPS: dict[str, str] = {}
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = _SHARED_OPS.pop("root", None)
+    if root is not None:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+        for var in ("TORCH_EXTENSIONS_DIR", SHARED_OPS_ENV):
+            if os.environ.get(var) == root:
+                del os.environ[var]
+
+
 # ---------------------------------------------------------------- the work tree is left as it was found
 _WORKTREE: dict[str, object] = {}
 

@@ -11,8 +11,13 @@ import pytest
 
 @pytest.fixture(scope="session")
 def ops_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh ``TORCH_EXTENSIONS_DIR`` for the whole session (so every test run really compiles)."""
-    root = tmp_path_factory.mktemp("torch_extensions")
+    """A fresh ``TORCH_EXTENSIONS_DIR`` for the whole session (so every test run really compiles): in a
+    whole-suite run the session cache all tiers share (``tests/conftest.py``; an op another tier built
+    first this session is not compiled again), else one of its own."""
+    import os
+
+    shared = os.environ.get("DSCORE_TEST_SHARED_OPS_DIR")
+    root = Path(shared) if shared else tmp_path_factory.mktemp("torch_extensions")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TORCH_EXTENSIONS_DIR", str(root))
         mp.delenv("DSCORE_CPU_SIMD", raising=False)
