@@ -48,6 +48,8 @@ def _collective(local: int) -> dict:
     out: dict[str, Any] = {"active": qgz is not None}
     if qgz is None:
         return out
+    # the same ranks as one node (LOCAL_WORLD_SIZE = world): DeepSpeed does not quantize, neither does dscore
+    out["one_node"] = build(comm, local_world_size=comm.world_size)
     for c in (1537, 4096):  # a chunk with padded blocks, one of whole blocks
         inputs = [_rank_input(r, world * c) for r in range(world)]  # every rank's input, known everywhere
         got = torch.empty(c)
@@ -86,8 +88,7 @@ def test_reduce_scatter_within_bound_on_2_and_4_ranks() -> None:
             for c in (1537, 4096):
                 assert res[c]["within"] and res[c]["quantized"], (world, local, rank, res[c])
             assert res["inf_seen"] == (rank == world - 1)
-    # one node (4 ranks, LOCAL_WORLD_SIZE 4): DeepSpeed does not quantize, neither does dscore
-    assert not any(r["active"] for r in run_distributed(_collective, 4, 4, timeout=300))
+            assert res["one_node"] is None
 
 
 def _model() -> Any:
@@ -138,7 +139,7 @@ def _train(quantized: bool, precision: str, ckpt: str | None = None) -> dict:
         batches = [(torch.randn(8, 32, generator=g), torch.randn(8, 8, generator=g)) for _ in range(2)]
         dtype = torch.bfloat16 if precision == "bf16" else torch.float16
         losses, skipped = [], 0
-        for step in range(STEPS):
+        for step in range(STEPS if precision == "bf16" else 8):
             total = 0.0
             for x, y in batches:
                 if precision == "fp16" and step == 3 and rank == 0 and x is batches[0][0]:
