@@ -176,14 +176,14 @@ class QuantizedReduceScatter:
         self.node, self.local = layout.place(self.rank)
         n_nodes, local = layout.num_nodes, layout.local_size
         # rows of the level-1 message, in the order the first exchange's peers take them: peer l' gets the
-        # chunks of ranks R(n', l') for every node n'
-        self._order = [layout.nodes[n][lp] for lp in range(local) for n in range(n_nodes)]
+        # chunks of ranks R(n', l') for every node n' (one rank per node: rank r's chunk goes to rank r)
         self.intra: Comm | None = None
+        self.inter: Comm = comm  # one rank per node: the one exchange spans every rank
+        self._order = list(range(self.world))
         if local > 1:
+            self._order = [layout.nodes[n][lp] for lp in range(local) for n in range(n_nodes)]
             self.intra = self._subcomm(layout.nodes[self.node], self.local)
             self.inter = self._subcomm([layout.nodes[n][self.local] for n in range(n_nodes)], self.node)
-        else:
-            self.inter = comm  # one rank per node: the one exchange spans every rank
 
     def _subcomm(self, ranks: Sequence[int], expect: int) -> Comm:
         comm = self.comm

@@ -34,7 +34,8 @@ to 16.3 ms per step (``bench/dp_throughput.py``).
 the unit's staging buffer and freed; when a unit's trainable parameters are all done, one asynchronous
 ``reduce_scatter_tensor`` (an all-reduce with ``reduce_scatter: false``) sends every rank its chunk,
 accumulated in fp32 (at most two units in flight; overlapped with backward when ``overlap_comm``, the
-stage-3 default) and the unit is released. The step is stage 1/2's: global-norm clip and unscale of the fp32 partitions, optimizer step (on
+stage-3 default) and the unit is released. With ``zero_quantized_gradients`` (ZeRO++ qgZ) that
+reduce-scatter is :class:`dscore.zero.qgz.QuantizedReduceScatter` (int4 all-to-alls across nodes). The step is stage 1/2's: global-norm clip and unscale of the fp32 partitions, optimizer step (on
 CPU with ``offload_optimizer``), copy into the compute-dtype partition. ``offload_param: cpu`` keeps the
 compute-dtype partitions in (pinned) host memory and copies them to the device for each gather;
 ``offload_param: nvme`` keeps each unit's partition in a swap file, resident only around its use
