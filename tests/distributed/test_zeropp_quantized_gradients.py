@@ -100,7 +100,7 @@ def _model() -> Any:
     )
 
 
-def _train(quantized: bool, precision: str, ckpt: str | None = None) -> dict:
+def _train(quantized: bool, precision: str, ckpt: str | None = None, steps: int = STEPS) -> dict:
     import torch
     import torch.nn.functional as F
 
@@ -127,7 +127,7 @@ def _train(quantized: bool, precision: str, ckpt: str | None = None) -> dict:
         "train_micro_batch_size_per_gpu": 8,
         "gradient_accumulation_steps": 2,
         "gradient_clipping": 0.5,
-        precision: {"enabled": True},
+        **({} if precision == "fp32" else {precision: {"enabled": True}}),
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
         "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
                               "zero_quantized_gradients": quantized},
@@ -137,9 +137,9 @@ def _train(quantized: bool, precision: str, ckpt: str | None = None) -> dict:
         rank = engine.global_rank
         g = torch.Generator().manual_seed(rank)  # fixed batches per rank: the loss curve is a fitting curve
         batches = [(torch.randn(8, 32, generator=g), torch.randn(8, 8, generator=g)) for _ in range(2)]
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
         losses, skipped = [], 0
-        for step in range(STEPS if precision == "bf16" else 8):
+        for step in range(steps):
             total = 0.0
             for x, y in batches:
                 if precision == "fp16" and step == 3 and rank == 0 and x is batches[0][0]:
@@ -171,7 +171,7 @@ def _train(quantized: bool, precision: str, ckpt: str | None = None) -> dict:
 
 def _curves(ckpt: str) -> dict:
     _as_nodes(1)  # 2 ranks = 2 nodes of 1 rank
-    return {"plain": _train(False, "bf16"), "qgz": _train(True, "bf16", ckpt), "fp16": _train(True, "fp16")}
+    return {"plain": _train(False, "bf16"), "qgz": _train(True, "bf16", ckpt), "fp16": _train(True, "fp16", steps=8)}
 
 
 def test_training_curve_bytes_fp16_and_checkpoint_on_two_nodes(tmp_path: Any) -> None:
@@ -193,3 +193,19 @@ def test_training_curve_bytes_fp16_and_checkpoint_on_two_nodes(tmp_path: Any) ->
         fp16 = res["fp16"]
         assert fp16["skipped"] >= 1 and all(map(lambda v: v == v, fp16["losses"][5:]))
         assert fp16["losses"][-1] < fp16["losses"][0]
+
+
+def _two_level() -> dict:
+    _as_nodes(2)  # 4 ranks = 2 nodes of 2 ranks: intra- then inter-node exchange
+    return {"plain": _train(False, "bf16", steps=6), "qgz": _train(True, "bf16", steps=6)}
+
+
+def test_two_level_training_and_bytes_on_four_ranks() -> None:
+    for res in run_distributed(_two_level, 4, timeout=400):
+        q, p = res["qgz"]["losses"], res["plain"]["losses"]
+        gap = max(abs(a - b) / abs(b) for a, b in zip(q, p))
+        assert gap < 0.06, (gap, q, p)  # measured 0.6% over 6 steps (3.8% over 20 in a scratch run)
+        assert all(a < b for a, b in zip(q[1:], p[:-1])), (q, p)
+        # intra (L-1)/L + inter (N-1)/N of int4 rows: 1/4 of ZeRO-3's bf16 reduce-scatter, +3.1% scales
+        ratio = res["qgz"]["bytes"] / res["plain"]["bytes"]
+        assert 0.25 <= ratio < 0.265, ratio  # measured 0.2591
