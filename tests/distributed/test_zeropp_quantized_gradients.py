@@ -149,7 +149,7 @@ def _train(quantized: bool, precision: str, ckpt: str | None = None, steps: int 
         g = torch.Generator().manual_seed(rank)  # fixed batches per rank: the loss curve is a fitting curve
         batches = [(torch.randn(8, 32, generator=g), torch.randn(8, 8, generator=g)) for _ in range(2)]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[precision]
-        losses, skipped = [], 0
+        losses = []
         for step in range(steps):
             total = 0.0
             for x, y in batches:
@@ -160,7 +160,6 @@ def _train(quantized: bool, precision: str, ckpt: str | None = None, steps: int 
                 engine.step()
                 total += float(loss.detach())
             losses.append(total / 2)
-            skipped += int(engine.skipped_steps)
         out = {"losses": losses, "bytes": sent["bytes"], "skipped": int(engine.skipped_steps)}
         if ckpt is not None:  # checkpoints are unaffected: save with qgZ, load without, same weights
             engine.save_checkpoint(ckpt, tag="t")
