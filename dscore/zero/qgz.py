@@ -182,6 +182,7 @@ class QuantizedReduceScatter:
         self.intra: Comm | None = None
         self.inter: Comm = comm  # one rank per node: the one exchange spans every rank
         self._order = list(range(self.world))
+        self._order_on: dict[torch.device, torch.Tensor] = {}
         if local > 1:
             self._order = [layout.nodes[n][lp] for lp in range(local) for n in range(n_nodes)]
             self.intra = self._subcomm(layout.nodes[self.node], self.local)
@@ -227,8 +228,12 @@ class QuantizedReduceScatter:
             padded = torch.zeros(w, cp, dtype=input.dtype, device=input.device)
             padded[:, :c] = rows
             rows = padded
-        order = torch.tensor(self._order, device=input.device)
-        msg = self._pack(rows.index_select(0, order), block)
+        if self._order != list(range(w)):
+            order = self._order_on.get(input.device)
+            if order is None:  # built once per device: no host-to-device copy per bucket
+                order = self._order_on[input.device] = torch.tensor(self._order, device=input.device)
+            rows = rows.index_select(0, order)
+        msg = self._pack(rows, block)
         n_nodes, local = self.layout.num_nodes, self.layout.local_size
         if self.intra is not None:
             got = torch.empty_like(msg)
