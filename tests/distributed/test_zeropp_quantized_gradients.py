@@ -4,7 +4,8 @@ Nodes are simulated on one host by ``LOCAL_WORLD_SIZE`` (qgZ's node grouping, :m
 2 ranks as 2 nodes of 1 (one level), 4 ranks as 2 nodes of 2 (intra- then inter-node) and as one node
 (exact, as DeepSpeed). Checked: the reduce-scatter against the exact one within the composed per-element
 bound; a 20-step ZeRO-3 training curve (bf16, gradient accumulation, clipping) against unquantized ZeRO-3;
-the bytes each rank sends in the gradient exchange; fp16 (loss scaling, overflow skip); checkpoints.
+the bytes each rank sends in the gradient exchange; fp16 (loss scaling, overflow skip); checkpoints; the
+refusal with MoE expert parameters.
 """
 
 from __future__ import annotations
@@ -219,3 +220,26 @@ def test_two_level_training_and_bytes_on_four_ranks() -> None:
         # intra (L-1)/L + inter (N-1)/N of int4 rows: 1/4 of ZeRO-3's bf16 reduce-scatter, +3.1% scales
         ratio = res["qgz"]["bytes"] / res["plain"]["bytes"]
         assert 0.25 <= ratio < 0.265, ratio  # measured 0.2591
+
+
+def _moe_refused() -> str:
+    import dscore
+    from dscore.errors import ConfigError
+    from dscore.moe.utils import split_params_into_different_moe_groups_for_optimizer
+    from test_moe_expert_parallel import _models
+
+    _as_nodes(1)
+    model = _models()(2)  # 2 experts over 2 ranks: expert units reduce over their expert-data-parallel group
+    groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters())})
+    cfg = {"train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+           "zero_optimization": {"stage": 3, "zero_quantized_gradients": True}}  # fmt: skip
+    try:
+        dscore.initialize(model=model, model_parameters=groups, config=cfg)
+    except ConfigError as exc:
+        return str(exc)
+    return "accepted"
+
+
+def test_moe_expert_parameters_with_qgz_are_refused() -> None:
+    for text in run_distributed(_moe_refused, 2, timeout=300):
+        assert "zero_optimization.zero_quantized_gradients" in text and "MoE expert parameters" in text, text
