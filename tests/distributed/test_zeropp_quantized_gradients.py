@@ -223,10 +223,11 @@ def test_two_level_training_and_bytes_on_four_ranks() -> None:
 
 
 def _moe_refused() -> str:
+    from test_moe_expert_parallel import _models
+
     import dscore
     from dscore.errors import ConfigError
     from dscore.moe.utils import split_params_into_different_moe_groups_for_optimizer
-    from test_moe_expert_parallel import _models
 
     _as_nodes(1)
     model = _models()(2)  # 2 experts over 2 ranks: expert units reduce over their expert-data-parallel group
