@@ -153,6 +153,9 @@ class GradientReducer:
         comm_dtype: reduce in this dtype (``communication_data_type``; None: the gradients' dtype). Staged
             buckets stage in it; an owned buffer of another dtype is converted at launch and the reduced
             values copied back when the work finishes.
+        reduce_scatter_fn: ``fn(output, input) -> Work`` replacing ``comm.reduce_scatter_tensor`` for
+            reduce-scatter buckets (ZeRO++ qgZ, :class:`dscore.zero.qgz.QuantizedReduceScatter`); its output
+            is in the target's dtype, so the sum reaches an fp32 target unrounded.
 
     Raises:
         ValueError: a parameter is in two buckets, or a reduce-scatter bucket has no ``target``.
@@ -171,8 +174,10 @@ class GradientReducer:
         max_message: int = 0,
         on_launched: Callable[[ReduceBucket], None] | None = None,
         comm_dtype: torch.dtype | None = None,
+        reduce_scatter_fn: Callable[[torch.Tensor, torch.Tensor], Work] | None = None,
     ) -> None:
         self.comm = comm
+        self.reduce_scatter_fn = reduce_scatter_fn
         self.rank = comm.rank
         self.world = comm.world_size
         self.buckets = list(buckets)
@@ -364,9 +369,14 @@ class GradientReducer:
             b.work = works[0] if len(works) == 1 else Work(works)
             b.out = inp if b.converted is not None else None  # copied back into the owned buffer
         elif self.reduce_scatter:
-            direct = not self.accumulate and target.dtype == inp.dtype and target.device == inp.device
-            out = target if direct else torch.empty(b.chunk, dtype=inp.dtype, device=inp.device)
-            b.work = comm.reduce_scatter_tensor(out, inp, async_op=True, input_reusable=True)
+            rs_fn = self.reduce_scatter_fn
+            out_dtype = inp.dtype if rs_fn is None else target.dtype
+            direct = not self.accumulate and target.dtype == out_dtype and target.device == inp.device
+            out = target if direct else torch.empty(b.chunk, dtype=out_dtype, device=inp.device)
+            if rs_fn is None:
+                b.work = comm.reduce_scatter_tensor(out, inp, async_op=True, input_reusable=True)
+            else:
+                b.work = rs_fn(out, inp)
             b.out = None if direct else out
         else:
             b.work = comm.all_reduce(inp, op="sum", async_op=True)

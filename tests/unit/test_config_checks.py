@@ -25,7 +25,7 @@ BASE: dict[str, Any] = {"train_batch_size": 8}
         ({"data_types": {"param_dtype": "bf16"}}, "data_types.param_dtype"),
         ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}, "zero_optimization.offload_optimizer.ratio"),
         ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}, "zero_optimization.offload_optimizer.ratio"),
-        ({"zero_optimization": {"stage": 3, "zero_quantized_gradients": True}}, "zero_optimization.zero_quantized_gradients"),
+        ({"zero_optimization": {"stage": 2, "zero_quantized_gradients": True}}, "zero_optimization"),
         ({"zero_optimization": {"stage": 2, "zero_hpz_partition_size": 2}}, "zero_optimization.zero_hpz_partition_size"),
         ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "super_offload": True}}}, "zero_optimization.offload_optimizer.super_offload"),
         ({"zero_optimization": {"stage": 2}, "data_types": {"grad_accum_dtype": "bf16"}}, "data_types.grad_accum_dtype"),

@@ -207,8 +207,11 @@ class ZeroConfig(SectionModel):
     (:mod:`dscore.zero.quantize`); partitions, optimizer, checkpoints and user gathers stay exact."""
     zero_quantized_nontrainable_weights: bool = False
     """ZeRO++ (stage 3): quantize the all-gathers of frozen parameters only."""
-    zero_quantized_gradients: bool = Field(False, json_schema_extra=not_implemented("ZeRO++ quantized gradients (qgZ)"))
-    """ZeRO++ quantized gradient reduce-scatter (true is refused: not implemented)."""
+    zero_quantized_gradients: bool = False
+    """ZeRO++ quantized gradients (qgZ, stage 3 with ``reduce_scatter``): the gradient reduce-scatter sends
+    int4 blocks (at most 256 elements, two values per byte) with an fp32 scale each, as an intra-node then an
+    inter-node all-to-all; nodes are ``LOCAL_WORLD_SIZE`` consecutive global ranks. On a single node the
+    reduce-scatter stays exact, as in DeepSpeed (:mod:`dscore.zero.qgz`)."""
     memory_efficient_linear: bool = Field(True, json_schema_extra=no_effect("DeepSpeed's ZeRO-3 linear autograd function; dscore uses torch's"))
     """Use ZeRO-3's memory-efficient linear autograd function."""
     override_module_apply: bool = Field(True, json_schema_extra=no_effect("dscore does not gather parameters around module.apply(); wrap re-initialisation in dscore.zero.GatheredParameters(params, modifier_rank=0)"))
@@ -242,12 +245,21 @@ class ZeroConfig(SectionModel):
             object.__setattr__(self, "overlap_comm", self.stage == 3)
         if not self.compute_grad_norm and self.stage not in (1, 2):
             raise ValueError(f"compute_grad_norm: false is supported only with stage 1 or 2, not stage {self.stage}")
-        # ZeRO++: quantized weights and hpZ are implemented (stage 3 only); qgZ is refused by its
-        # not_implemented marker (dscore.config.field_policy), naming its key path
+        # ZeRO++: quantized weights, quantized gradients (qgZ) and hpZ are implemented (stage 3 only)
         if (self.zero_quantized_weights or self.zero_quantized_nontrainable_weights) and self.stage != 3:
             raise ValueError(
                 "zero_quantized_weights / zero_quantized_nontrainable_weights quantize ZeRO stage 3's parameter "
                 f"all-gathers; they need stage 3, not stage {self.stage}"
+            )
+        if self.zero_quantized_gradients and self.stage != 3:
+            raise ValueError(
+                "zero_quantized_gradients (ZeRO++ qgZ) quantizes ZeRO stage 3's gradient reduce-scatter; it needs "
+                f"stage 3, not stage {self.stage}"
+            )
+        if self.zero_quantized_gradients and not self.reduce_scatter:
+            raise ValueError(
+                "zero_quantized_gradients (ZeRO++ qgZ) replaces the gradient reduce-scatter; it needs "
+                "reduce_scatter: true (DeepSpeed asserts the same)"
             )
         return self
 

@@ -34,7 +34,8 @@ to 16.3 ms per step (``bench/dp_throughput.py``).
 the unit's staging buffer and freed; when a unit's trainable parameters are all done, one asynchronous
 ``reduce_scatter_tensor`` (an all-reduce with ``reduce_scatter: false``) sends every rank its chunk,
 accumulated in fp32 (at most two units in flight; overlapped with backward when ``overlap_comm``, the
-stage-3 default) and the unit is released. The step is stage 1/2's: global-norm clip and unscale of the fp32 partitions, optimizer step (on
+stage-3 default) and the unit is released. With ``zero_quantized_gradients`` (ZeRO++ qgZ) that
+reduce-scatter is :class:`dscore.zero.qgz.QuantizedReduceScatter` (int4 all-to-alls across nodes). The step is stage 1/2's: global-norm clip and unscale of the fp32 partitions, optimizer step (on
 CPU with ``offload_optimizer``), copy into the compute-dtype partition. ``offload_param: cpu`` keeps the
 compute-dtype partitions in (pinned) host memory and copies them to the device for each gather;
 ``offload_param: nvme`` keeps each unit's partition in a swap file, resident only around its use
@@ -95,6 +96,7 @@ from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, par
 from dscore.zero.leaf import apply_leaf_module_config, z3_leaf_module
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.partition import FlatUnit, unit_of
+from dscore.zero.qgz import build as build_qgz
 from dscore.zero.quantize import DEFAULT_BLOCK as QUANT_BLOCK
 from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore.zero.released import name_parameters
@@ -281,7 +283,7 @@ class Stage3(ZeroStage):
             prefetch_bucket_size, max_live_parameters, max_reuse_distance, param_persistence_threshold,
             offload_optimizer, offload_param, gather_16bit_weights_on_model_save, sub_group_size, leaf_module,
             load_from_fp32_weights, zero_quantized_weights, zero_quantized_nontrainable_weights,
-            zero_hpz_partition_size}``, ``gradient_clipping``, ``prescale_gradients``,
+            zero_hpz_partition_size, zero_quantized_gradients}``, ``gradient_clipping``, ``prescale_gradients``,
             ``gradient_predivide_factor`` and ``communication_data_type`` (validated models: ``ctx.section``
             / ``ctx.config``).
 
@@ -325,6 +327,12 @@ class Stage3(ZeroStage):
             default=(float(self.world), 1.0) if self.compute_dtype == torch.float16 else (1.0, float(self.world)),
         )
         self.comm_dtype = comm_dtype_of(cfg.communication_data_type)
+        # ZeRO++ qgZ: the gradient reduce-scatter as int4 all-to-alls across nodes (None: exact)
+        self.qgz = (
+            build_qgz(self.comm, local_world_size=self.comm.env.local_world_size if self.comm.env is not None else 0)
+            if zc.zero_quantized_gradients
+            else None
+        )
 
         module = ctx.module
         # ZeRO++ hpZ (dscore.zero.hpz): gathers read secondary partitions inside a smaller group
@@ -413,6 +421,13 @@ class Stage3(ZeroStage):
         by_comm: dict[int, tuple[Any, list[UnitBucket]]] = {id(self.comm): (self.comm, [])}
         for b in buckets:  # MoE expert units: one reducer per expert-data-parallel group
             by_comm.setdefault(id(b.state.unit.comm), (b.state.unit.comm, []))[1].append(b)
+        if zc.zero_quantized_gradients and len(by_comm) > 1:
+            raise ConfigError(
+                "zero_optimization.zero_quantized_gradients (ZeRO++ qgZ) with MoE expert parameters under ZeRO stage 3 "
+                "is not implemented (DeepSpeed 0.19.8 refuses it with AutoEP too); set zero_quantized_gradients to "
+                "false for a model with expert parameters",
+                path="zero_optimization.zero_quantized_gradients",
+            )
         reducers = [
             GradientReducer(
                 comm,
@@ -424,6 +439,7 @@ class Stage3(ZeroStage):
                 max_inflight=_MAX_INFLIGHT,
                 on_launched=self._reduce_launched,
                 comm_dtype=self.comm_dtype,
+                reduce_scatter_fn=self.qgz if comm is self.comm else None,
             )
             for comm, bs in by_comm.values()
         ]
