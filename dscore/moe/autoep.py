@@ -515,11 +515,14 @@ def _resolve(cfg: ExpertParallelConfig, preset_name: str, preset: Preset, model_
     else:
         route_norm = preset.route_norm
     if cfg.routed_scaling_factor != "auto":
-        route_scale = float(cfg.routed_scaling_factor)
+        route_scale, source = float(cfg.routed_scaling_factor), f"{_KEY}.routed_scaling_factor"
     elif getattr(model_config, "routed_scaling_factor", None) is not None:
-        route_scale = float(model_config.routed_scaling_factor)
+        route_scale, source = float(model_config.routed_scaling_factor), "model.config.routed_scaling_factor"
     else:
-        route_scale = float(cfg.route_scale)
+        route_scale, source = float(cfg.route_scale), ""
+    if source and cfg.route_scale != 1.0:  # DeepSpeed's precedence, and its warning: never dropped silently
+        log.warning("AutoEP %s: %s = %s overrides %s.route_scale = %s", name, source, route_scale, _KEY,
+                    cfg.route_scale)  # fmt: skip
     groups, limited, group_score = cfg.num_expert_groups, cfg.num_limited_groups, "top2_sum"
     use_model_groups = not preset.groups_need_topk_method or (
         getattr(model_config, "topk_method", None) == "group_limited_greedy"
@@ -547,6 +550,20 @@ def _resolve(cfg: ExpertParallelConfig, preset_name: str, preset: Preset, model_
                 f"{_KEY}.top_k = {top_k} exceeds the {limited * (n // groups)} experts of the "
                 f"{limited} allowed group(s) of {name}",
                 path=f"{_KEY}.top_k",
+            )
+    if cfg.has_shared_experts is True and getattr(module, preset.shared_experts or "_", None) is None:
+        raise ConfigError(
+            f"{_KEY}.has_shared_experts is true but {name} has no shared-experts child "
+            f"{preset.shared_experts or '(no shared_experts_pattern set)'!r}; their output would be left out of "
+            f"the block: set {_KEY}.shared_experts_pattern to the child's name, or has_shared_experts false / null",
+            path=f"{_KEY}.has_shared_experts",
+        )
+    for key, child in (("shared_experts_pattern", preset.shared_experts),
+                       ("shared_experts_gate_pattern", preset.shared_experts_gate)):  # fmt: skip
+        if getattr(cfg, key) is not None and child and getattr(module, child, None) is None:
+            raise ConfigError(
+                f"{_KEY}.{key} = {child!r}: {name} has no such child (it would be left out of the block)",
+                path=f"{_KEY}.{key}",
             )
     activation, _ = _activation(cfg, experts, name)
     return LayerSpec(

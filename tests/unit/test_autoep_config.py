@@ -89,6 +89,10 @@ def _logits(model: Any) -> torch.Tensor:
         ("deepseek_v3", {"num_limited_groups": 2, "num_expert_groups": 3}, "num_expert_groups 3"),
         ("jitter", {}, "router_jitter_noise"),
         ("gelu", {}, "expert_parallel.expert_activation"),
+        # a declared shared-experts part the block lacks would be dropped from the output: refused
+        ("mixtral", {"has_shared_experts": True}, "has_shared_experts is true but model.layers.0.mlp has no"),
+        ("qwen3_moe", {"has_shared_experts": True, "shared_experts_pattern": "shared"}, "has no shared-experts child"),
+        ("qwen2_moe", {"shared_experts_gate_pattern": "sgate"}, "shared_experts_gate_pattern = 'sgate'"),
     ],
 )
 def test_initialize_refuses_models_autoep_cannot_convert(model: str, block: dict[str, Any], message: str) -> None:
@@ -221,3 +225,18 @@ def test_a_custom_layout_by_moe_layer_pattern() -> None:
     converted = [n for n, mod in engine.module.named_modules() if isinstance(mod, AutoEPMoELayer)]
     assert converted == ["model.layers.1.mlp"]
     assert float((_logits(engine.module) - _logits(ref)).abs().max()) < 1e-5
+
+
+def test_route_scale_overridden_by_a_routed_scaling_factor_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    """DeepSpeed's precedence (``routed_scaling_factor``, then ``model.config.routed_scaling_factor``, then
+    ``route_scale``) and its warning when a set ``route_scale`` loses: never dropped silently."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="dscore.moe.autoep"):
+        layer = _init(autoep_runs.build("deepseek_v3"), route_scale=3.0).module.model.layers[1].mlp
+    assert layer.spec.route_scale == 1.5  # the model's routed_scaling_factor
+    assert "model.config.routed_scaling_factor = 1.5 overrides expert_parallel.route_scale = 3.0" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dscore.moe.autoep"):
+        layer = _init(autoep_runs.build("mixtral"), route_scale=3.0).module.model.layers[0].mlp
+    assert layer.spec.route_scale == 3.0 and "overrides" not in caplog.text
