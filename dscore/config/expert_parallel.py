@@ -23,6 +23,7 @@ What dscore does with each key (applied by :mod:`dscore.moe.autoep`):
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt, field_validator, model_validator
@@ -42,6 +43,8 @@ UNSUPPORTED_PRESETS: dict[str, str] = {
 #: ``expert_activation`` values dscore computes (DeepSpeed also has ``swiglu_clamped`` and ``swiglu_oai``).
 EXPERT_ACTIVATIONS: tuple[str, ...] = ("swiglu", "geglu_tanh")
 _DS_ONLY_ACTIVATIONS = ("swiglu_clamped", "swiglu_oai")
+
+log = logging.getLogger("dscore.config.expert_parallel")
 
 
 def _attr_name(value: str | None, key: str) -> str | None:
@@ -246,4 +249,10 @@ class ExpertParallelConfig(SectionModel):
             raise ValueError(
                 f"num_limited_groups ({self.num_limited_groups}) must be <= num_expert_groups ({self.num_expert_groups})"
             )
+        unused = sorted(self.model_fields_set - {"enabled"})
+        if not self.enabled and unused:  # DeepSpeed ignores them silently; dscore says so
+            log.warning(
+                "expert_parallel.enabled is false: %s %s ignored (AutoEP is off; set expert_parallel.enabled true "
+                "to use them)", ", ".join(f"expert_parallel.{k}" for k in unused), "is" if len(unused) == 1 else "are",
+            )  # fmt: skip
         return self

@@ -240,3 +240,19 @@ def test_route_scale_overridden_by_a_routed_scaling_factor_is_reported(caplog: p
     with caplog.at_level(logging.WARNING, logger="dscore.moe.autoep"):
         layer = _init(autoep_runs.build("mixtral"), route_scale=3.0).module.model.layers[0].mlp
     assert layer.spec.route_scale == 3.0 and "overrides" not in caplog.text
+
+
+def test_keys_of_a_disabled_block_are_reported_as_ignored(caplog: pytest.LogCaptureFixture) -> None:
+    """``enabled`` false (DeepSpeed's default) with other keys set: nothing is converted and a warning names
+    the keys (DeepSpeed drops them silently); a disabled block without other keys says nothing."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="dscore.config.expert_parallel"):
+        cfg = load_config({"train_batch_size": 2, "expert_parallel": {"autoep_size": 4, "top_k": 2}}, world_size=1)
+    assert not cfg.expert_parallel.enabled
+    assert "expert_parallel.autoep_size, expert_parallel.top_k are ignored" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dscore.config.expert_parallel"):
+        load_config({"train_batch_size": 2, "expert_parallel": {"enabled": False}}, world_size=1)
+        _load({"autoep_size": 1})
+    assert "ignored" not in caplog.text
