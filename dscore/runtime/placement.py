@@ -10,7 +10,10 @@ the GPT example on the test device (issue 28).
 
 :func:`to_module` moves or casts with torch's swap-tensors conversion (``torch.utils.swap_tensors``,
 ``torch.__future__.set_swap_module_params_on_conversion``) exactly where torch would otherwise replace
-the parameters, so every ``Parameter`` object — and so every tie and every optimizer reference — survives.
+the parameters, so every ``Parameter`` object — and so every tie and every optimizer reference — survives,
+with its Python attributes (the swap would move them to the discarded tensor: MoE expert parameters lost
+their ``allreduce = False`` / ``group_name`` tags and were reduced and partitioned as dense ones on the
+test device).
 """
 
 from __future__ import annotations
@@ -48,9 +51,16 @@ def to_module(
     )
     if torch._has_compatible_shallow_copy_type(probe, target):
         return module.to(device=device, dtype=dtype)  # torch keeps the Parameter objects itself
+    # swap_tensors swaps the Python attributes too: the kept Parameter objects would come out without
+    # their tags (MoE experts' ``allreduce`` / ``group_name``, ``ds_*``, user attributes); put them back
+    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}
+    attrs = {key: dict(t.__dict__) for key, t in tensors.items() if t.__dict__}
     previous = torch.__future__.get_swap_module_params_on_conversion()
     torch.__future__.set_swap_module_params_on_conversion(True)
     try:
-        return module.to(device=device, dtype=dtype)
+        module.to(device=device, dtype=dtype)
     finally:
         torch.__future__.set_swap_module_params_on_conversion(previous)
+    for key, saved in attrs.items():
+        tensors[key].__dict__.update(saved)
+    return module
