@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
 import testdevice_matrix as tm
+
 from dscore.testing import run_distributed
 
 #: the AutoEP run differs from gloo's by rounding (5e-7: the device group's reduction order); the expert
@@ -25,7 +25,6 @@ _DIST = str(Path(__file__).resolve().parents[1] / "distributed")
 
 def _moe_zero3(cell: dict[str, Any], accelerator: str) -> dict[str, Any]:
     """dscore's MoE layer (2 experts, ep 2) at ZeRO-3, every unit partitioned, SGD, 3 steps."""
-    import torch
     import torch.distributed as dist
     import torch.nn.functional as F
 
