@@ -709,8 +709,9 @@ def hf_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     if any(hasattr(p, "ds_shape") for p in model.parameters()):
         raise ConfigError(
-            "hf_state_dict needs full parameters, but the model is partitioned by ZeRO stage 3; export with "
-            "engine.save_16bit_model / the fp32 consolidation, or call it at ZeRO stage 0-2",
+            "hf_state_dict needs full parameters, but the model is partitioned by ZeRO stage 3 (engine.save_16bit_model "
+            "writes the experts under dscore's per-expert names, not the Hugging Face fused layout); load the "
+            "checkpoint into an engine at ZeRO stage 0-2 (checkpoints load across stages) and call it there",
             path="zero_optimization.stage",
         )
     layers = {name: m for name, m in model.named_modules() if isinstance(m, AutoEPMoELayer)}
