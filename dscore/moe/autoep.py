@@ -47,6 +47,7 @@ from torch import nn
 from dscore.errors import ConfigError
 from dscore.moe.groups import expert_groups, group_name
 from dscore.moe.layer import MoE
+from dscore.moe.sharded_moe import _AllToAll  # all_to_all_single over the EP group; backward is the same exchange
 
 if TYPE_CHECKING:
     from dscore.config.expert_parallel import ExpertParallelConfig
@@ -173,23 +174,6 @@ def route(
 
 
 # --------------------------------------------------------------------------------------------- dispatch
-
-
-class _AllToAll(torch.autograd.Function):
-    """Equal-split ``all_to_all_single`` over dim 0 of a :class:`dscore.comm.Comm`'s group; its backward
-    is the same exchange of the gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, comm: Any, tensor: torch.Tensor) -> torch.Tensor:
-        ctx.comm = comm
-        src = tensor.contiguous()
-        out = torch.empty_like(src)
-        comm.all_to_all_single(out, src)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
-        return None, _AllToAll.apply(ctx.comm, grad)
 
 
 def _gate_fn(name: str) -> Any:

@@ -69,7 +69,7 @@ from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, par
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore_plugins.zero.config import ZeroConfig
-from dscore_plugins.zero.experts import group_comm
+from dscore_plugins.zero.experts import globalize_state, group_comm
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
 from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
 from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin
@@ -462,14 +462,7 @@ class PartitionedOptimizerStage(ZeroStage):
         with nvme_materialized(self._optimizer):
             out = partitioned_state_dict(self._optimizer, self.pairs, self.comm, self.loss_scaler,
                                          comms=self._pair_comms)  # fmt: skip
-        naming = ExpertNaming(self.ctx.module) if self._pair_comms else None
-        if naming:
-            out["param_names"] = naming.globalize_names(out["param_names"])
-            out["state"] = naming.globalize(out["state"])
-            out["fp32_params"] = naming.globalize(out["fp32_params"])
-            for group in out["param_groups"]:
-                group["param_names"] = naming.globalize_names(group["param_names"])
-        return out
+        return globalize_state(self.ctx.module, out) if self._pair_comms else out
 
     def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
         """Re-partition a state saved at any world size; refresh module weights from the fp32 masters."""
