@@ -39,8 +39,12 @@ if TYPE_CHECKING:
         CommandSpec,
         CommBackendSpec,
         ConfigSectionSpec,
+        CheckpointLayoutSpec,
+        CommTransportSpec,
         EngineSpec,
+        LauncherSpec,
         LRSchedulerSpec,
+        ModelTransformSpec,
         MonitorSpec,
         OpBuilderSpec,
         OptimizerSpec,
@@ -247,6 +251,72 @@ def dscore_register_engines() -> Iterable[EngineSpec]:
     """
 
 
+@hookspec
+def dscore_register_launchers() -> Iterable[LauncherSpec]:
+    """Register multi-node launcher back ends (``dscore run --launcher NAME``).
+
+    Called: once per plugin manager, in the ``dscore run`` process (and the CLI's listings).
+    Combine: concatenated; duplicate names or two ``default`` back ends are a conflict.
+    Must not: import torch, or look for the back end's programs (the runner's ``backend_exists`` does).
+
+    Example::
+
+        @hookimpl
+        def dscore_register_launchers():
+            return [LauncherSpec(name="flux", runner="my_pkg.flux:FluxRunner", executables=("flux",))]
+    """
+
+
+@hookspec
+def dscore_register_comm_transports() -> Iterable[CommTransportSpec]:
+    """Register transports :class:`dscore.comm.Comm` may run a collective on, asked by ``priority``.
+
+    Called: once per plugin manager, on every rank.
+    Combine: concatenated; duplicate names are a conflict. Every rank must register the same transports
+    (the plugin-set fingerprint checks it), since each collective's transport is chosen on every rank alike.
+    Must not: import torch or build an op; name the op in ``op_builders`` and build it in the factory.
+
+    Example::
+
+        @hookimpl
+        def dscore_register_comm_transports():
+            return [CommTransportSpec(name="rdma", factory="my_pkg.rdma:make_transport", priority=300)]
+    """
+
+
+@hookspec
+def dscore_register_checkpoint_layouts() -> Iterable[CheckpointLayoutSpec]:
+    """Register on-disk checkpoint layouts (``checkpoint.layout`` at save; detected at load).
+
+    Called: once per plugin manager, on every rank and in ``dscore checkpoint``.
+    Combine: concatenated; duplicate names are a conflict.
+    Must not: import torch; the layout object is an import string.
+
+    Example::
+
+        @hookimpl
+        def dscore_register_checkpoint_layouts():
+            return [CheckpointLayoutSpec(name="mine", layout="my_pkg.ckpt:LAYOUT", detect_priority=50)]
+    """
+
+
+@hookspec
+def dscore_register_model_transforms() -> Iterable[ModelTransformSpec]:
+    """Register model transforms ``dscore.initialize`` applies before the engine is built, in ``order``.
+
+    Called: once per plugin manager, on every rank.
+    Combine: concatenated; duplicate names are a conflict; transforms run in ascending ``order``.
+    Must not: import torch; the transform object is an import string.
+
+    Example::
+
+        @hookimpl
+        def dscore_register_model_transforms():
+            return [ModelTransformSpec(name="lora", transform="my_pkg.lora:TRANSFORM", config_key="lora",
+                                       order=150)]
+    """
+
+
 # --------------------------------------------------------------------------------------------------
 # Setup hooks
 # --------------------------------------------------------------------------------------------------
@@ -380,6 +450,10 @@ REGISTRATION_HOOKS: dict[str, str] = {
     "dscore_register_monitors": "monitor",
     "dscore_register_commands": "command",
     "dscore_register_engines": "engine",
+    "dscore_register_launchers": "launcher",
+    "dscore_register_comm_transports": "comm_transport",
+    "dscore_register_checkpoint_layouts": "checkpoint_layout",
+    "dscore_register_model_transforms": "model_transform",
 }
 
 #: lifecycle hooks the engine calls only when some plugin implements them.

@@ -9,13 +9,20 @@ discovery. That includes any ``BaseException`` but ``KeyboardInterrupt`` raised 
 imported (a module calling ``sys.exit(1)``, a ``GeneratorExit``...): the plugin is broken, everything that
 does not select it keeps working.
 
+Built-in plugins are not entry points: they are registered from :data:`BUILTIN_PLUGINS`, a list of
+``(name, manifest module)`` in this module (pytest's ``default_plugins``), so editing or adding one needs no
+reinstall. Third parties come in through entry points; an entry point of the ``dscore`` distribution itself
+(stale metadata of an older install) is ignored.
+
 Blocking, in the order applied:
 
 * ``DSCORE_DISABLE_PLUGIN_AUTOLOAD=1``: only built-in plugins (distribution ``dscore``) and the plugins
   named in ``DSCORE_PLUGINS=a,b`` are loaded (the rest are listed as ``disabled``).
 * ``DSCORE_DISABLE_PLUGINS=a,b`` and the config's ``"plugins": {"disable": [...]}`` (passed as
-  ``disable=``): those are listed as ``disabled``. The ``cpu`` accelerator is essential and cannot be
-  disabled.
+  ``disable=``): a plugin name disables the whole plugin (listed as ``disabled``); a ``kind:name`` item
+  (``comm_transport:shm``, ``op_builder:fused_adam``, ``launcher:slurm``) disables that one unit of whichever
+  plugin registers it, the rest of the plugin stays active. The ``cpu`` accelerator is essential and cannot
+  be disabled (:data:`ESSENTIAL_PLUGINS`, :data:`ESSENTIAL_UNITS`).
 
 Built-in plugins are registered first, third-party plugins after them sorted by name, so results are the
 same on every rank.
@@ -41,6 +48,8 @@ from dscore.specs import SPEC_KINDS, ComponentSpec
 
 __all__ = [
     "BUILTIN_DISTRIBUTION",
+    "BUILTIN_PLUGINS",
+    "ESSENTIAL_UNITS",
     "ENTRY_POINT_GROUP",
     "ESSENTIAL_PLUGINS",
     "PluginRecord",
@@ -51,6 +60,27 @@ __all__ = [
 ENTRY_POINT_GROUP = "dscore"
 BUILTIN_DISTRIBUTION = "dscore"
 ESSENTIAL_PLUGINS = frozenset({"cpu"})
+#: ``kind:name`` units that cannot be disabled: the fallback every other choice relies on.
+ESSENTIAL_UNITS = frozenset({"accelerator:cpu"})
+
+#: the built-in plugins, ``(plugin name, manifest module)``, registered (sorted by name) before any entry point.
+BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
+    ("cpu", "dscore_accelerators.cpu.plugin"),
+    ("cuda", "dscore_accelerators.cuda.plugin"),
+    ("hpu", "dscore_accelerators.hpu.plugin"),
+    ("mps", "dscore_accelerators.mps.plugin"),
+    ("npu", "dscore_accelerators.npu.plugin"),
+    ("xpu", "dscore_accelerators.xpu.plugin"),
+    ("comm", "dscore_plugins.comm.plugin"),
+    ("engines", "dscore_plugins.engine.plugin"),
+    ("lr_schedulers", "dscore_plugins.sched.plugin"),
+    ("monitors", "dscore_plugins.monitor.plugin"),
+    ("ops", "dscore_plugins.ops.plugin"),
+    ("optimizers", "dscore_plugins.optim.plugin"),
+    ("precision", "dscore_plugins.precision.plugin"),
+    ("profiling", "dscore_plugins.profiling.plugin"),
+    ("zero", "dscore_plugins.zero.plugin"),
+)
 
 ACTIVE = "active"
 DISABLED = "disabled"
@@ -71,6 +101,8 @@ class PluginRecord:
         error: one-line reason when broken or disabled, else ``""``.
         provides: kind -> sorted component names it registered (only for active plugins).
         warnings: problems that do not stop the plugin, one line each (its manifest imported torch).
+        disabled_units: ``kind:name`` of the units it registered that ``kind:name`` disabling took out
+            (they are not in ``specs`` / ``provides``).
     """
 
     name: str
@@ -83,6 +115,8 @@ class PluginRecord:
     provides: dict[str, list[str]] = field(default_factory=dict)
     specs: list[ComponentSpec] = field(default_factory=list, repr=False)
     warnings: list[str] = field(default_factory=list)
+    disabled_units: list[str] = field(default_factory=list)
+    unit_specs_disabled: list[ComponentSpec] = field(default_factory=list, repr=False)
 
     def label(self) -> str:
         """``name (distribution version)`` for messages."""
@@ -101,11 +135,53 @@ class PluginRecord:
             "error": self.error or None,
             "provides": {kind: sorted(names) for kind, names in self.provides.items()},
             "warnings": list(self.warnings),
+            "disabled_units": sorted(self.disabled_units),
         }
 
 
 def _split_env_list(value: str | None) -> list[str]:
     return [item.strip() for item in (value or "").split(",") if item.strip()]
+
+
+def unit_key(kind: str, name: str) -> str:
+    """The ``kind:name`` a user writes to disable one unit (lower case)."""
+    return f"{kind}:{name}".lower()
+
+
+def split_disable(items: Iterable[str]) -> tuple[set[str], set[str]]:
+    """Split disable items into plugin names and ``kind:name`` units (both lower case).
+
+    Raises:
+        PluginError: a ``kind:name`` item names no spec kind (lists the kinds, with a did-you-mean), has an
+            empty name, or is essential.
+    """
+    plugins: set[str] = set()
+    units: set[str] = set()
+    for raw in items:
+        item = raw.strip().lower()
+        if not item:
+            continue
+        if ":" not in item:
+            plugins.add(item)
+            continue
+        kind, _, name = item.partition(":")
+        kind, name = kind.strip(), name.strip()
+        if kind not in SPEC_KINDS or not name:
+            close = did_you_mean(kind, list(SPEC_KINDS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PluginError(
+                f"cannot disable {raw.strip()!r}: a unit is written kind:name with kind one of "
+                f"{', '.join(SPEC_KINDS)}{hint}; a plain name disables a whole plugin "
+                "(DSCORE_DISABLE_PLUGINS / plugins.disable)"
+            )
+        units.add(unit_key(kind, name))
+    essential = units & ESSENTIAL_UNITS
+    if essential:
+        raise PluginError(
+            f"unit(s) {sorted(essential)} cannot be disabled: the cpu accelerator is essential (it is the fallback "
+            "every other accelerator relies on). Remove it from DSCORE_DISABLE_PLUGINS / plugins.disable."
+        )
+    return plugins, units
 
 
 def _one_line(exc: BaseException) -> str:
@@ -114,6 +190,13 @@ def _one_line(exc: BaseException) -> str:
         return f"SystemExit: the plugin called sys.exit({exc.code!r})"
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _builtin_version() -> str:
+    try:
+        return importlib.metadata.version(BUILTIN_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # a source checkout on sys.path, not installed
+        return "0+unknown"
 
 
 class DscorePluginManager:
@@ -130,6 +213,8 @@ class DscorePluginManager:
         # entry points of disabled plugins, loaded only to explain an error (see disabled_providers)
         self._disabled_entry_points: dict[str, importlib.metadata.EntryPoint] = {}
         self._disabled_specs: dict[str, list[ComponentSpec]] = {}
+        # kind:name units disabled by DSCORE_DISABLE_PLUGINS / plugins.disable
+        self.disabled_units: set[str] = set()
 
     # ---------------------------------------------------------------- loading
     def load_entry_points(
@@ -138,22 +223,25 @@ class DscorePluginManager:
         *,
         disable: Sequence[str] = (),
         environ: dict[str, str] | os._Environ[str] | None = None,
+        builtins: bool = True,
     ) -> None:
-        """Discover and register every plugin of the ``dscore`` entry-point group.
+        """Register the built-in plugins (:data:`BUILTIN_PLUGINS`), then discover every third-party plugin of
+        the ``dscore`` entry-point group.
 
         Args:
             entry_points: entry points to use instead of the installed metadata (tests).
-            disable: plugin names to disable in addition to ``DSCORE_DISABLE_PLUGINS``.
+            disable: plugin names or ``kind:name`` units to disable in addition to ``DSCORE_DISABLE_PLUGINS``.
             environ: environment to read the blocking variables from (default ``os.environ``).
+            builtins: False to register only the entry points (tests of discovery itself).
 
         Raises:
-            PluginError: when asked to disable an essential plugin (``cpu``).
+            PluginError: when asked to disable an essential plugin or unit (``cpu``), or a malformed
+                ``kind:name``.
         """
         env = os.environ if environ is None else environ
         if entry_points is None:
             entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-        disabled = {n.lower() for n in _split_env_list(env.get("DSCORE_DISABLE_PLUGINS"))}
-        disabled |= {n.lower() for n in disable}
+        disabled, self.disabled_units = split_disable([*_split_env_list(env.get("DSCORE_DISABLE_PLUGINS")), *disable])
         essential = disabled & ESSENTIAL_PLUGINS
         if essential:
             raise PluginError(
@@ -165,11 +253,18 @@ class DscorePluginManager:
         allowed = {n.lower() for n in _split_env_list(env.get("DSCORE_PLUGINS"))}
 
         candidates: list[tuple[importlib.metadata.EntryPoint, str, str]] = []
+        if builtins:
+            version = _builtin_version()
+            for name, module in BUILTIN_PLUGINS:
+                ep = importlib.metadata.EntryPoint(name=name, value=module, group=ENTRY_POINT_GROUP)
+                candidates.append((ep, BUILTIN_DISTRIBUTION, version))
         seen: set[tuple[str, str, str]] = set()
         for ep in entry_points:
             dist = getattr(ep, "dist", None)
             dist_name = dist.metadata["Name"] if dist is not None else ""
             dist_version = dist.version if dist is not None else ""
+            if builtins and dist_name == BUILTIN_DISTRIBUTION:
+                continue  # built-ins come from BUILTIN_PLUGINS; this is stale metadata of an older install
             key = (ep.name, ep.value, dist_name)
             if key in seen:  # the same distribution found twice on sys.path
                 continue
@@ -307,6 +402,10 @@ class DscorePluginManager:
                             f"{hook_name} of plugin {record.name!r} returned {spec!r}; "
                             f"expected {spec_cls.__name__} instances"
                         )
+                    if self.disabled_units and any(unit_key(kind, n) in self.disabled_units for n in spec.all_names()):
+                        record.disabled_units.append(unit_key(kind, spec.name))
+                        record.unit_specs_disabled.append(spec)
+                        continue
                     record.specs.append(spec)
                     record.provides.setdefault(kind, []).append(spec.name)
         for names in record.provides.values():
@@ -338,6 +437,16 @@ class DscorePluginManager:
             record
             for record in self.disabled_records()
             if any(s.kind == kind and wanted in {n.lower() for n in s.all_names()} for s in self.disabled_specs(record))
+        ]
+
+    def disabled_unit_providers(self, kind: str, name: str) -> list[PluginRecord]:
+        """Active plugins whose ``kind`` unit called ``name`` (aliases and case included) was disabled as
+        ``kind:name``, so an error can say how to re-enable it."""
+        wanted = str(name).lower()
+        return [
+            record
+            for record in self.active_records()
+            if any(s.kind == kind and wanted in {n.lower() for n in s.all_names()} for s in record.unit_specs_disabled)
         ]
 
     def disabled_specs(self, record: PluginRecord) -> list[ComponentSpec]:
@@ -385,7 +494,7 @@ class DscorePluginManager:
     def fingerprint(self) -> str:
         """A short hash of the active plugin set (names, distributions, versions), equal across ranks
         exactly when they run the same plugins."""
-        items = sorted((r.name, r.distribution, r.version, r.status) for r in self.records.values())
+        items = sorted((r.name, r.distribution, r.version, r.status, sorted(r.disabled_units)) for r in self.records.values())
         return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
 
     def describe(self) -> list[tuple[str, str, str, str]]:
@@ -400,6 +509,7 @@ def create_plugin_manager(
     extra_plugins: Iterable[tuple[str, object]] = (),
     environ: dict[str, str] | None = None,
     load_entry_points: bool = True,
+    builtins: bool = True,
 ) -> DscorePluginManager:
     """Build a fresh plugin manager with all installed plugins discovered.
 
@@ -409,13 +519,14 @@ def create_plugin_manager(
         extra_plugins: ``(name, plugin_object)`` pairs registered after discovery (tests, embedding).
         environ: environment for the blocking variables (default ``os.environ``).
         load_entry_points: False to skip discovery entirely (only ``extra_plugins``).
+        builtins: False to discover only entry points, without :data:`BUILTIN_PLUGINS`.
 
     Returns:
         A new :class:`DscorePluginManager`. Nothing is cached between calls.
     """
     manager = DscorePluginManager()
     if load_entry_points:
-        manager.load_entry_points(entry_points, disable=disable, environ=environ)
+        manager.load_entry_points(entry_points, disable=disable, environ=environ, builtins=builtins)
     for name, plugin in extra_plugins:
         if isinstance(plugin, str):
             plugin = importlib.import_module(plugin)

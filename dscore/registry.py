@@ -246,6 +246,16 @@ class Registry:
             return PluginLoadError(
                 " ".join(lines), plugin=broken[0].name, distribution=broken[0].distribution, version=broken[0].version
             )
+        units = self.manager.disabled_unit_providers(kind, name)
+        if units:
+            key = f"{kind}:{name.lower()}"
+            labels = ", ".join(r.label() for r in units)
+            return ComponentNotFoundError(
+                f"{_KIND_WORDS.get(kind, kind.replace('_', ' '))} {where} is provided by {labels}, but that unit is "
+                f"disabled ({key!r} in DSCORE_DISABLE_PLUGINS or the config's plugins.disable). To use it, remove "
+                f"{key} from DSCORE_DISABLE_PLUGINS and from plugins.disable in ds_config.",
+                kind=kind, name=name, available=available, suggestions=suggestions,
+            )
         disabled = self.manager.disabled_providers(kind, name)
         if disabled:
             return ComponentNotFoundError(

@@ -29,6 +29,10 @@ __all__ = [
     "MonitorSpec",
     "CommandSpec",
     "EngineSpec",
+    "LauncherSpec",
+    "CommTransportSpec",
+    "CheckpointLayoutSpec",
+    "ModelTransformSpec",
     "SPEC_KINDS",
     "resolve",
 ]
@@ -286,6 +290,93 @@ class EngineSpec(ComponentSpec):
     priority: int = 0
 
 
+@dataclass(frozen=True, kw_only=True)
+class LauncherSpec(ComponentSpec):
+    """A multi-node launcher back end, selected by ``dscore run --launcher NAME`` (DeepSpeed's
+    ``--launcher``: ``pdsh``, ``openmpi``, ``mpich``, ``impi``, ``mvapich``, ``slurm``; ``ssh`` is dscore's).
+
+    Attributes:
+        runner: import string of the runner class, built as ``cls(plan)`` by ``dscore run`` (the launch plan
+            of :mod:`dscore.launcher`); it answers ``backend_exists()`` and builds the command line
+            ``get_cmd(environment, active_resources)`` as DeepSpeed's ``MultiNodeRunner`` does.
+        executables: programs the back end needs on ``PATH`` (``("pdsh",)``, ``("mpirun",)``), named in the
+            error when one is missing and in ``dscore report``.
+        default: True for the back end used when ``--launcher`` is not given (DeepSpeed's ``pdsh``); two
+            default specs from different plugins are a conflict.
+    """
+
+    kind: ClassVar[str] = "launcher"
+    runner: str
+    executables: tuple[str, ...] = ()
+    default: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommTransportSpec(ComponentSpec):
+    """A way :class:`dscore.comm.Comm` moves a collective's data (the backend's own collective, gloo
+    point-to-point, same-host shared memory, or a third party's), chosen per call like engines are.
+
+    For each collective :class:`~dscore.comm.Comm` asks the transports in descending ``priority`` and runs it
+    on the first whose object accepts it (``transport.accepts(op, group, tensors)``); the native transport
+    (the backend's own collectives) accepts everything and has the lowest priority, so it is the fallback.
+
+    Attributes:
+        factory: import string of ``factory(ctx: dscore.protocols.TransportContext) -> Transport`` (the
+            :class:`dscore.comm.transports.Transport` contract), built once per :class:`~dscore.comm.Comm`.
+        priority: higher is asked first; ties between two transports that accept the same call are broken by
+            name, and two specs with equal priority from different plugins that both accept are reported by
+            ``dscore plugins list``.
+        op_builders: names of the op builders the transport needs (its C++ part, e.g. ``("shm_sync",)``): a
+            disabled or unbuildable op disables the transport, never the core.
+    """
+
+    kind: ClassVar[str] = "comm_transport"
+    factory: str
+    priority: int = 0
+    op_builders: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointLayoutSpec(ComponentSpec):
+    """An on-disk checkpoint layout (dscore's own, DeepSpeed's ``mp_rank_*`` / ``*_optim_states.pt``),
+    chosen by ``checkpoint.layout`` at save and detected at load.
+
+    Attributes:
+        layout: import string of the layout object (``dscore.protocols.CheckpointLayout``) with
+            ``detect(tag_dir) -> bool``, ``write(engine, tag_dir, ...)`` and ``read(engine, tag_dir, ...)``
+            plus the ``export`` / ``import`` conversions of ``dscore checkpoint``.
+        detect_priority: load-time detection asks layouts in descending order and takes the first whose
+            ``detect`` says yes (a layout with marker files of its own goes first).
+    """
+
+    kind: ClassVar[str] = "checkpoint_layout"
+    layout: str
+    detect_priority: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelTransformSpec(ComponentSpec):
+    """A change ``dscore.initialize`` makes to the user's model before the engine is built (AutoTP, AutoEP,
+    Ulysses sequence parallelism, activation checkpointing), applied in ``order``.
+
+    ``name`` is also the unit a user disables (``model_transform:autotp``).
+
+    Attributes:
+        transform: import string of the transform object (``dscore.protocols.ModelTransform``):
+            ``enabled(config) -> bool`` (cheap, no collectives) and ``apply(ctx) -> None`` that rewrites
+            ``ctx.model`` / ``ctx.model_parameters`` in place of the plain model.
+        config_key: the ds_config section it owns (``"tensor_parallel"``), registered by the same plugin
+            through a :class:`ConfigSectionSpec`; None when it reads only core keys.
+        order: transforms run in ascending order (ties by name); the built-ins use 100 (AutoTP), 200
+            (AutoEP), 300 (Ulysses) and 400 (activation checkpointing) so a third party can go between.
+    """
+
+    kind: ClassVar[str] = "model_transform"
+    transform: str
+    config_key: str | None = None
+    order: int = 1000
+
+
 #: kind name -> spec class, in the order ``dscore plugins list`` shows them.
 SPEC_KINDS: dict[str, type[ComponentSpec]] = {
     cls.kind: cls
@@ -301,5 +392,9 @@ SPEC_KINDS: dict[str, type[ComponentSpec]] = {
         MonitorSpec,
         CommandSpec,
         EngineSpec,
+        LauncherSpec,
+        CommTransportSpec,
+        CheckpointLayoutSpec,
+        ModelTransformSpec,
     )
 }

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     registry = Registry(manager)
     records = list(manager.records.values())
     if args.kind:
-        records = [r for r in records if args.kind in r.provides]
+        records = [r for r in records if args.kind in r.provides or any(u.startswith(args.kind + ":") for u in r.disabled_units)]
     probed = probe_accelerators(registry) if args.probe else None
     for r in records:  # stderr, so the JSON on stdout stays parsable
         for warning in r.warnings:
@@ -140,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(column, overflow="fold")
     for r in records:
         provides = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in r.provides.items())
+        if r.disabled_units:
+            provides += ("; " if provides else "") + "disabled units: " + ", ".join(sorted(r.disabled_units))
         status = r.status if r.status == "active" else f"{r.status}: {r.error}"
         if r.warnings:
             status += " (warning: " + "; ".join(r.warnings) + ")"
