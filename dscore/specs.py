@@ -63,12 +63,17 @@ class ComponentSpec:
         name: the component's canonical name, unique per kind (case-insensitive).
         aliases: other accepted spellings, also unique per kind.
         description: one line shown by ``dscore plugins list`` and in errors.
+        exports: a module (``"pkg.mod"``, no ``:``) holding the user-facing names this unit provides, which a
+            thin dscore module re-exports by kind and name (:func:`dscore.exports.thin_getattr`), e.g. the
+            ``ulysses`` model transform's module behind ``dscore.parallel.ulysses.UlyssesSPAttentionHF``.
+            Empty when the unit has none.
     """
 
     kind: ClassVar[str] = "component"
     name: str
     aliases: tuple[str, ...] = ()
     description: str = ""
+    exports: str = ""
 
     def all_names(self) -> tuple[str, ...]:
         """The canonical name followed by the aliases."""

@@ -24,16 +24,9 @@ __all__ = ["OpBuilder", "CPUOpBuilder", "CUDAOpBuilder", "cache_root", "get_op_b
 
 
 def _active_registry() -> tuple[Registry, bool]:
-    """The current runtime's registry (``plugins.disable`` holds) or, outside ``initialize``, a fresh one."""
-    from dscore.runtime.context import peek_runtime
+    from dscore.exports import active_registry
 
-    runtime = peek_runtime()
-    if runtime is not None:
-        return runtime.registry, True
-    from dscore.plugin_manager import create_plugin_manager
-    from dscore.registry import Registry
-
-    return Registry(create_plugin_manager()), False
+    return active_registry()
 
 
 def op_builder_class(name: str, registry: Registry | None = None) -> type[OpBuilder]:
