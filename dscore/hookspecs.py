@@ -33,14 +33,13 @@ import pluggy
 if TYPE_CHECKING:
     import argparse
 
-    from dscore.config.model import DscoreConfig
     from dscore.specs import (
         AcceleratorSpec,
+        CheckpointLayoutSpec,
         CommandSpec,
         CommBackendSpec,
-        ConfigSectionSpec,
-        CheckpointLayoutSpec,
         CommTransportSpec,
+        ConfigSectionSpec,
         EngineSpec,
         LauncherSpec,
         LRSchedulerSpec,
@@ -339,8 +338,11 @@ def dscore_add_config_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @hookspec(historic=True)
-def dscore_configure(config: DscoreConfig) -> None:
-    """Inspect the validated ds_config before the engine is built.
+def dscore_configure(config: Any) -> None:
+    """Inspect the validated ds_config (a :class:`dscore.config.model.DscoreConfig`) before the engine is built.
+
+    (Typed ``Any`` here so the hook specifications stay below the config models: ``dscore.config`` uses the
+    registry, which uses these specifications.)
 
     Called: once per ``dscore.initialize`` on every rank, after the config was validated and the batch
     triangle resolved. Historic: a plugin registered later still receives it. Return value ignored.
