@@ -71,14 +71,17 @@ class AuditRow:
 
 
 def _source_roots() -> list[Path]:
-    """dscore's package and the top-level package of every installed plugin (entry-point group ``dscore``)."""
+    """dscore's package and the top-level package of every built-in plugin (``BUILTIN_PLUGINS``) and of every
+    installed plugin (entry-point group ``dscore``)."""
     import importlib
     from importlib.metadata import entry_points
 
     import dscore
+    from dscore.plugin_manager import BUILTIN_PLUGINS
 
     roots = [Path(dscore.__file__).resolve().parent]
-    for top in sorted({ep.module.split(".")[0] for ep in entry_points(group="dscore")}):
+    modules = [module for _, module in BUILTIN_PLUGINS] + [ep.module for ep in entry_points(group="dscore")]
+    for top in sorted({module.split(".")[0] for module in modules}):
         try:
             mod = importlib.import_module(top)
         except ImportError:

@@ -110,6 +110,9 @@ def validate_components(data: dict[str, Any], registry: Registry, warn: Callable
         try:
             spec = registry.get(kind, name, config_path=f"{key}.type")
         except ComponentNotFoundError as exc:
+            if registry.manager.disabled_unit_providers(kind, name):  # kind:name disabled: never a torch fallback
+                problems.append((f"{key}.type", f"{key}.type: {exc}", (key, "type")))
+                continue
             torch_names = _torch_class_names(kind) if "torch" in {n.lower() for n in registry.names(kind)} else []
             if any(n.lower() == name.lower() for n in torch_names):
                 continue  # any torch.optim / torch.optim.lr_scheduler class by name; torch checks its params

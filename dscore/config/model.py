@@ -166,7 +166,8 @@ class PluginsConfig(SectionModel):
     """``plugins`` (dscore extension): which installed plugins this run leaves out."""
 
     disable: list[str] = Field(default_factory=list)
-    """Entry-point names of plugins to disable for this run (like ``DSCORE_DISABLE_PLUGINS``)."""
+    """Plugins to disable for this run, by plugin name, or single units as ``kind:name``
+    (``op_builder:fused_adam``), like ``DSCORE_DISABLE_PLUGINS``."""
 
 
 @dataclass(frozen=True)

@@ -305,7 +305,9 @@ def _raw_disable_list(data: dict[str, Any]) -> list[str]:
     if disable is None:
         return []
     if not isinstance(disable, list) or not all(isinstance(x, str) for x in disable):
-        raise ConfigError(f"plugins.disable must be a list of plugin names, got {disable!r}", path="plugins.disable")
+        raise ConfigError(
+            f"plugins.disable must be a list of plugin names or kind:name units, got {disable!r}", path="plugins.disable"
+        )
     return list(disable)
 
 

@@ -65,3 +65,30 @@ def test_plugins_list_shows_disabled_units() -> None:
                           timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "disabled units:" in proc.stdout and "op_builder:fused_adam" in proc.stdout.replace("│", " ").replace(" ", "")
+
+
+def test_a_config_naming_a_disabled_optimizer_unit_is_refused_not_sent_to_torch() -> None:
+    import torch
+
+    import dscore
+    from dscore.errors import ConfigError
+
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "plugins": {"disable": ["optimizer:adamw"]},
+    }
+    with pytest.raises(ConfigError) as err:
+        dscore.initialize(model=torch.nn.Linear(2, 2), config=config)
+    assert "optimizer:adamw" in str(err.value) and "optimizer.type" in str(err.value)
+
+
+def test_a_malformed_unit_in_the_config_names_the_key() -> None:
+    import torch
+
+    import dscore
+    from dscore.errors import DscoreError
+
+    with pytest.raises(DscoreError, match="kind:name"):
+        dscore.initialize(model=torch.nn.Linear(2, 2), config={"train_micro_batch_size_per_gpu": 1,
+                                                               "plugins": {"disable": ["optimiser:adamw"]}})
