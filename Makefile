@@ -41,6 +41,7 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(PY) tools/import_cycles.py
 	$(VENV)/bin/mypy
 
 bench: setup

@@ -22,9 +22,10 @@ ROOTS = {"dscore": REPO / "dscore", "dscore_plugins": REPO / "plugins" / "dscore
          "dscore_accelerators": REPO / "accelerators" / "dscore_accelerators"}
 
 
-def modules() -> dict[str, Path]:
+def modules(roots: dict[str, Path] | None = None) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``*.py`` under each root package folder (default :data:`ROOTS`)."""
     out: dict[str, Path] = {}
-    for root, base in ROOTS.items():
+    for root, base in (ROOTS if roots is None else roots).items():
         for path in base.rglob("*.py"):
             rel = path.relative_to(base.parent).with_suffix("")
             parts = list(rel.parts)
