@@ -19,10 +19,10 @@ from dscore.errors import ComponentNotFoundError, ConfigError, DistributedError,
 from dscore.pipe import LayerSpec, PipeDataParallelTopology, PipelineError, PipelineModule, TiedLayerSpec
 from dscore.pipe.module import partition_layers
 from dscore.pipe.partition import partition_balanced, partition_uniform
-from dscore.pipe.schedule import BACKWARD, FORWARD, bubble_bound, inference_schedule, train_schedule
 from dscore.plugin_manager import create_plugin_manager
 from dscore.registry import Registry
 from dscore.specs import EngineSpec
+from dscore_plugins.engine.pipe.schedule import BACKWARD, FORWARD, bubble_bound, inference_schedule, train_schedule
 
 # ----------------------------------------------------------------------------------------- partitioning
 
