@@ -277,6 +277,30 @@ def test_pipeline_block_sets_the_checkpoint_interval() -> None:
         engine.close()
 
 
+def test_pipeline_checkpoint_readers_resolve_through_the_pipeline_engine_unit() -> None:
+    """dscore.pipe.load_into_layers / layer_state_dicts are the engine plugin's functions; with the unit
+    engine:pipeline disabled the model definition still imports and the readers are refused by name."""
+    import os
+
+    import dscore.pipe
+    from dscore_plugins.engine.pipe import checkpoint
+
+    assert dscore.pipe.load_into_layers is checkpoint.load_into_layers
+    assert dscore.pipe.layer_state_dicts is checkpoint.layer_state_dicts
+    code = (
+        "from dscore.errors import ComponentNotFoundError\n"
+        "from dscore.pipe import LayerSpec, PipelineError, PipelineModule, TiedLayerSpec\n"
+        "try:\n"
+        "    from dscore.pipe import load_into_layers\n"
+        "except ComponentNotFoundError as exc:\n"
+        "    print('refused', exc)\n"
+    )
+    env = {**os.environ, "DSCORE_DISABLE_PLUGINS": "engine:pipeline"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("refused") and "engine:pipeline" in proc.stdout, proc.stdout
+
+
 def test_dscore_import_stays_torch_free() -> None:
     code = "import sys, dscore, dscore.protocols, dscore.specs; sys.exit(1 if 'torch' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
