@@ -176,8 +176,8 @@ def main() -> None:
     ap.add_argument("--skip-ckpt", action="store_true", help="only the efficiency sweep")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from dscore.pipe.schedule import bubble_bound
     from dscore.testing import run_distributed
+    from dscore_plugins.engine.pipe.schedule import bubble_bound
 
     print(f"1F1B efficiency: {args.layers_per_stage} layers/stage, forward {args.fwd_ms:g} ms and backward "
           f"{2 * args.fwd_ms:g} ms per layer (timed waits), median of {args.rounds} batches")

@@ -14,8 +14,8 @@ A tag directory only ever appears under its final name complete: it is assembled
 temporary name and renamed (exchanged, when the tag already exists) in one step after every rank
 finished writing and ``_COMPLETE`` is in it. ``latest`` is replaced by rename after that.
 
-Pipeline checkpoints (:mod:`dscore.pipe.checkpoint`) hold other file names but follow the same rules
-through the same helpers (the phases of a save, :func:`resolve_tag`); their ``_COMPLETE`` says
+Pipeline checkpoints (the pipeline engine plugin's, through :mod:`dscore.checkpoint.atomic`) hold other file
+names but follow the same rules through the same helpers (the phases of a save, :func:`resolve_tag`); their ``_COMPLETE`` says
 ``"kind": "pipeline"`` (absent: ``"standard"``), so each engine refuses the other's checkpoints by name.
 """
 
@@ -413,7 +413,7 @@ def tags_present_text(save_dir: str) -> str:
 # A collective save runs in phases; each ends with :func:`agree`, so an error on any rank is raised on every
 # rank instead of leaving the others waiting: validate the request, rank 0 creates the private temporary
 # directory (:func:`prepare_tmp_dir`), every rank writes its files into it, rank 0 publishes it
-# (:func:`publish`). Both engines (:mod:`dscore.checkpoint`, :mod:`dscore.pipe.checkpoint`) save this way.
+# (:func:`publish`). Both engines (:mod:`dscore.checkpoint`, the pipeline engine plugin) save this way.
 
 
 def capture(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, Exception | None]:

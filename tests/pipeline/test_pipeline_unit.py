@@ -19,10 +19,10 @@ from dscore.errors import ComponentNotFoundError, ConfigError, DistributedError,
 from dscore.pipe import LayerSpec, PipeDataParallelTopology, PipelineError, PipelineModule, TiedLayerSpec
 from dscore.pipe.module import partition_layers
 from dscore.pipe.partition import partition_balanced, partition_uniform
-from dscore.pipe.schedule import BACKWARD, FORWARD, bubble_bound, inference_schedule, train_schedule
 from dscore.plugin_manager import create_plugin_manager
 from dscore.registry import Registry
 from dscore.specs import EngineSpec
+from dscore_plugins.engine.pipe.schedule import BACKWARD, FORWARD, bubble_bound, inference_schedule, train_schedule
 
 # ----------------------------------------------------------------------------------------- partitioning
 
@@ -275,6 +275,30 @@ def test_pipeline_block_sets_the_checkpoint_interval() -> None:
         assert torch.isfinite(loss)
     finally:
         engine.close()
+
+
+def test_pipeline_checkpoint_readers_resolve_through_the_pipeline_engine_unit() -> None:
+    """dscore.pipe.load_into_layers / layer_state_dicts are the engine plugin's functions; with the unit
+    engine:pipeline disabled the model definition still imports and the readers are refused by name."""
+    import os
+
+    import dscore.pipe
+    from dscore_plugins.engine.pipe import checkpoint
+
+    assert dscore.pipe.load_into_layers is checkpoint.load_into_layers
+    assert dscore.pipe.layer_state_dicts is checkpoint.layer_state_dicts
+    code = (
+        "from dscore.errors import ComponentNotFoundError\n"
+        "from dscore.pipe import LayerSpec, PipelineError, PipelineModule, TiedLayerSpec\n"
+        "try:\n"
+        "    from dscore.pipe import load_into_layers\n"
+        "except ComponentNotFoundError as exc:\n"
+        "    print('refused', exc)\n"
+    )
+    env = {**os.environ, "DSCORE_DISABLE_PLUGINS": "engine:pipeline"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("refused") and "engine:pipeline" in proc.stdout, proc.stdout
 
 
 def test_dscore_import_stays_torch_free() -> None:

@@ -94,7 +94,8 @@ def test_pipeline_links_check_the_order_instead_of_relying_on_tags() -> None:
     to receive micro-batch 1 before 0 must refuse instead of silently taking micro-batch 0's tensors."""
     import torch
 
-    from dscore.pipe.p2p import P2PLink, PipelineError
+    from dscore.pipe import PipelineError
+    from dscore_plugins.engine.pipe.p2p import P2PLink
 
     class Recorder:
         def __init__(self) -> None:

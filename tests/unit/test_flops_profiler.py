@@ -3,6 +3,7 @@ layout, and the ``flops_profiler`` block driving it inside a training run."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -214,3 +215,36 @@ def test_engine_profile_under_zero3_counts_partitioned_parameters(tmp_path: Path
     engine.close()
     assert re.search(r"params per GPU: +12.45 K", text)  # full sizes, though partitioned between gathers
     assert re.search(r"fwd MACs per GPU: +98.3 KMACs", text)
+
+
+def test_public_names_are_the_profiling_plugins_and_disabling_it_names_it() -> None:
+    """dscore.profiling.flops_profiler and deepspeed.profiling.flops_profiler re-export the plugin's objects;
+    with the plugin disabled, importing a name raises the registry's error naming it (no silent fallback)."""
+    import subprocess
+    import sys
+
+    import dscore.profiling.flops_profiler as public
+    from dscore_plugins.profiling import model_profile, profiler
+
+    assert public.FlopsProfiler is profiler.FlopsProfiler is FlopsProfiler
+    assert public.get_model_profile is model_profile.get_model_profile is get_model_profile
+    with pytest.raises(AttributeError, match="no attribute 'NotAName'"):
+        public.NotAName  # noqa: B018
+    code = (
+        "import os\n"
+        "from dscore.errors import ComponentNotFoundError\n"
+        "for name in ('dscore.profiling.flops_profiler', 'deepspeed.profiling.flops_profiler'):\n"
+        "    try:\n"
+        "        exec(f'from {name} import get_model_profile')\n"
+        "    except ComponentNotFoundError as exc:\n"
+        "        print('refused', exc)\n"
+        "    else:\n"
+        "        print('imported')\n"
+    )
+    for disable in ("profiling", "config_section:flops_profiler"):
+        env = {**os.environ, "DSCORE_DISABLE_PLUGINS": disable}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.strip().splitlines()
+        assert len(lines) == 2 and all(line.startswith("refused") for line in lines), proc.stdout
+        assert "flops_profiler" in lines[0] and disable.split(":")[0] in lines[0]

@@ -3,7 +3,7 @@
 Mirrors DeepSpeed's ``PipelineEngine`` (``deepspeed/runtime/pipe/engine.py``) from public dscore names:
 
 * ``train_batch(data_iter)`` runs ``gradient_accumulation_steps`` micro-batches through the stages in the
-  1F1B order (:func:`dscore.pipe.schedule.train_schedule`), then one optimizer step, and returns the mean
+  1F1B order (:func:`dscore_plugins.engine.pipe.schedule.train_schedule`), then one optimizer step, and returns the mean
   micro-batch loss (averaged over data-parallel replicas, broadcast from the last stage so every rank
   returns it). ``data_iter`` yields ``(inputs, labels)`` micro-batches; only the first stage reads it and
   sends each micro-batch's ``labels`` to the last stage (one sample stream per replica, so a dataset that
@@ -12,7 +12,7 @@ Mirrors DeepSpeed's ``PipelineEngine`` (``deepspeed/runtime/pipe/engine.py``) fr
   Without ``data_iter`` the engine's training loader (from ``training_data=``) is used, restarted at the
   end of an epoch.
 * ``eval_batch(data_iter)`` runs the forwards only (no grad, eval mode) and returns the mean loss.
-* Activations and gradients cross stages by point-to-point send/recv (:mod:`dscore.pipe.p2p`, shapes
+* Activations and gradients cross stages by point-to-point send/recv (:mod:`dscore_plugins.engine.pipe.p2p`, shapes
   exchanged once per link). Each micro-batch's loss is divided by ``gradient_accumulation_steps`` before
   backward (DeepSpeed's ``scale_wrt_gas``), so gradients equal those of one batch of all micro-batches.
 * Gradients and the optimizer step are the ZeRO stage plugin's, built over this stage's layers with a
@@ -28,7 +28,7 @@ Mirrors DeepSpeed's ``PipelineEngine`` (``deepspeed/runtime/pipe/engine.py``) fr
 * Precision: fp32 and bf16 (bf16 activations cross stages in bf16). With ``bf16.check_grad_overflow``
   (default true) the ranks agree on a non-finite gradient anywhere (one scalar all-reduce) and then all
   skip the step (``skipped_steps``), so stages never diverge. fp16 (loss scaling across stages) is refused.
-* Checkpoints are per layer (:mod:`dscore.pipe.checkpoint`): a checkpoint saved with ``p`` stages loads
+* Checkpoints are per layer (:mod:`dscore_plugins.engine.pipe.checkpoint`): a checkpoint saved with ``p`` stages loads
   with any number of stages, optimizer state included, and into a plain model
   (:func:`dscore.pipe.load_into_layers`). They are saved as the standard engine's are: into a temporary
   folder published in one rename with ``latest`` moved last, every phase agreed by all ranks.
@@ -45,15 +45,14 @@ from typing import Any
 
 import torch
 
-from dscore.checkpoint import list_tags
-from dscore.errors import CheckpointError, ConfigError, DistributedError
-from dscore.pipe import PipelineModule
-from dscore.pipe import checkpoint as ckpt
-from dscore.pipe.p2p import P2PLink, PipelineError, as_tuple
-from dscore.pipe.schedule import FORWARD, inference_schedule, train_schedule
+from dscore.errors import ConfigError, DistributedError
+from dscore.pipe import PipelineError, PipelineModule
 from dscore.protocols.engine import EngineContext
 from dscore.runtime.engine import DscoreEngine
 from dscore.runtime.placement import to_module
+from dscore_plugins.engine.pipe import engine_io
+from dscore_plugins.engine.pipe.p2p import P2PLink, as_tuple
+from dscore_plugins.engine.pipe.schedule import FORWARD, inference_schedule, train_schedule
 
 __all__ = ["PipelineEngine", "build_pipeline_engine", "handles"]
 
@@ -499,19 +498,6 @@ class PipelineEngine(DscoreEngine):
         return loss
 
     # ------------------------------------------------------------------ checkpoints
-    def _layer_states(self) -> dict[int, dict[str, torch.Tensor]]:
-        """This stage's layers' states (keys relative to the layer), from the ZeRO stage's module state."""
-        pipe: PipelineModule = self.module
-        full = self.zero_stage_impl.module_state_dict()
-        out: dict[int, dict[str, torch.Tensor]] = {}
-        for idx in pipe.layer_range():
-            if pipe.layer_module(idx) is None:
-                continue
-            key = pipe.tied_key(idx)
-            prefix = f"tied_modules.{key}." if key is not None else f"{idx}."
-            out[idx] = {k[len(prefix) :]: v.detach().cpu().clone() for k, v in full.items() if k.startswith(prefix)}
-        return out
-
     def save_checkpoint(  # type: ignore[override]
         self,
         save_dir: str,
@@ -522,13 +508,14 @@ class PipelineEngine(DscoreEngine):
     ) -> bool:
         """Save a per-layer pipeline checkpoint atomically (collective: call on every rank). Returns True.
 
-        Layout and protocol: :mod:`dscore.pipe.checkpoint` (:func:`~dscore.pipe.checkpoint.save_pipeline_checkpoint`):
-        the files are written into a private temporary folder and published under ``<save_dir>/<tag>`` in
-        one rename once every rank wrote its part, then ``latest`` moves; a failed or killed save leaves the
-        previous checkpoint of that tag and ``latest`` untouched. ``tag`` defaults to ``global_step{N}``
-        (ranks' tags compared per ``checkpoint.tag_validation``); ``client_state`` (global rank 0's) is
-        stored in ``engine_states.pt``; ``exclude_frozen_parameters`` leaves parameters with
-        ``requires_grad=False`` out of the layer files.
+        Layout and protocol: :mod:`dscore_plugins.engine.pipe.checkpoint`
+        (:func:`~dscore_plugins.engine.pipe.checkpoint.save_pipeline_checkpoint`; the engine's part in
+        :mod:`dscore_plugins.engine.pipe.engine_io`): the files are written into a private temporary folder
+        and published under ``<save_dir>/<tag>`` in one rename once every rank wrote its part, then
+        ``latest`` moves; a failed or killed save leaves the previous checkpoint of that tag and ``latest``
+        untouched. ``tag`` defaults to ``global_step{N}`` (ranks' tags compared per
+        ``checkpoint.tag_validation``); ``client_state`` (global rank 0's) is stored in ``engine_states.pt``;
+        ``exclude_frozen_parameters`` leaves parameters with ``requires_grad=False`` out of the layer files.
 
         Raises:
             CheckpointError: on every rank, naming the failing rank: an invalid tag or ``save_dir``, a
@@ -536,50 +523,7 @@ class PipelineEngine(DscoreEngine):
                 full, unwritable folder) or publishing; ``checkpoint_layout == "deepspeed"`` (DeepSpeed's
                 pipeline layout is not written; the ``deepspeed`` compatibility layer sets it).
         """
-        if self.checkpoint_layout != "dscore":
-            raise CheckpointError(
-                f"checkpoint_layout {self.checkpoint_layout!r} is not supported by the pipeline engine: it saves "
-                "dscore's per-layer layout only; set engine.checkpoint_layout = 'dscore'"
-            )
-        pipe: PipelineModule = self.module
-
-        def collect() -> dict[str, Any]:
-            layers = self._layer_states()
-            if exclude_frozen_parameters:
-                frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
-                for idx, state in layers.items():
-                    key = pipe.tied_key(idx)
-                    prefix = f"tied_modules.{key}." if key is not None else f"{idx}."
-                    layers[idx] = {k: v for k, v in state.items() if prefix + k not in frozen}
-            optim_state = self.zero_stage_impl.state_dict()  # collective within the data-parallel group
-            files: dict[str, Any] = {}
-            if self.grid.data_parallel_id == 0:
-                for idx, state in layers.items():
-                    files[ckpt.layer_name(idx)] = state
-                files[ckpt.optim_name(self.stage_id)] = optim_state
-            if self.global_rank == 0:
-                engine_state = self.state_for_checkpoint()
-                engine_state.pop("rng", None)  # per-rank; not meaningful across layouts
-                engine_state["layout"] = layout
-                files[ckpt.ENGINE_FILE] = engine_state
-            return files
-
-        layout = {
-            "num_layers": pipe.num_layers,
-            "num_stages": self.num_stages,
-            "parts": list(pipe.parts),
-            "data_parallel_size": self.grid.data_parallel_size,
-        }
-        tag_text = ckpt.save_pipeline_checkpoint(
-            self.runtime.comm,
-            save_dir,
-            f"global_step{self.global_steps}" if tag is None else tag,
-            collect,
-            client_state=client_state,
-            tag_validation=self.config.checkpoint.tag_validation,
-            save_latest=save_latest,
-            fields={"global_steps": int(self.global_steps), "zero_stage": self.zero_optimization_stage(), **layout},
-        )
+        tag_text = engine_io.save_engine(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
         if self._pm is not None and self._pm.has_implementations("dscore_checkpoint_saved"):
             self._pm.call("dscore_checkpoint_saved", engine=self, save_dir=os.path.abspath(save_dir), tag=tag_text)
         return True
@@ -595,10 +539,11 @@ class PipelineEngine(DscoreEngine):
     ) -> tuple[str | None, dict[str, Any] | None]:
         """Load a pipeline checkpoint saved with any number of stages (collective: every rank).
 
-        The tag folder is found by the standard engine's rules (:func:`dscore.pipe.checkpoint.find_checkpoint`):
-        it must hold its ``_COMPLETE`` marker (folders written before pipeline saves had one load with a
-        warning), and each file read is checked against the size recorded at save. Every phase is agreed:
-        an error on one rank is raised on every rank.
+        The tag folder is found by the standard engine's rules
+        (:func:`dscore_plugins.engine.pipe.checkpoint.find_checkpoint`): it must hold its ``_COMPLETE``
+        marker (folders written before pipeline saves had one load with a warning), and each file read is
+        checked against the size recorded at save. Every phase is agreed: an error on one rank is raised on
+        every rank.
 
         Returns:
             ``(path of the tag folder, client_state)``; ``(None, None)`` with a warning when no tag is given
@@ -611,87 +556,19 @@ class PipelineEngine(DscoreEngine):
                 checkpoint; a file is truncated or unreadable; the checkpoint has another number of layers
                 than the model, or its weights do not fit the layers.
         """
-        pipe: PipelineModule = self.module
-        comm = self.runtime.comm
-        text = os.fspath(load_dir) if load_dir is not None else ""
-        asked = (os.path.abspath(text) if text else "", None if tag is None else str(tag))
-
-        def resolve() -> str | None:
-            if not text:
-                raise CheckpointError(f"load_dir must be a non-empty path, got {load_dir!r}")
-            return ckpt.find_checkpoint(text, tag)
-
-        path, err = ckpt.capture(resolve)
-        results = ckpt.agree(comm, err, f"resolving the pipeline checkpoint in {asked[0]}", (asked, path))
-        if len({a for a, _ in results}) > 1:
-            listing = "; ".join(f"rank {r}: load_dir={d!r}, tag={t!r}" for r, ((d, t), _) in enumerate(results))
-            raise CheckpointError(
-                f"load_checkpoint was called with different arguments on different ranks ({listing}); every rank "
-                "must load the same directory and tag"
-            )
-        if len({p for _, p in results}) > 1:  # the filesystem changed under us between ranks
-            raise CheckpointError(f"ranks resolved different tag folders in {asked[0]}: {[p for _, p in results]}")
+        path, client_state = engine_io.load_engine(
+            self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states, load_module_only
+        )
         if path is None:
-            log.warning(
-                "no %s file in %s and no tag given: nothing loaded (tags present: %s)",
-                ckpt.LATEST_FILE,
-                asked[0],
-                ", ".join(t for t, _ in list_tags(asked[0])) or "none",
-            )
             return None, None
-        want_optim = not load_module_only and load_optimizer_states
-
-        def read() -> tuple[dict[str, Any], dict[str, torch.Tensor], list[Any]]:
-            ckpt.check_files(path, [ckpt.ENGINE_FILE])
-            engine_state = ckpt.load_file(os.path.join(path, ckpt.ENGINE_FILE))
-            layout = engine_state.get("layout", {})
-            if int(layout.get("num_layers", pipe.num_layers)) != pipe.num_layers:
-                raise CheckpointError(
-                    f"{path} was saved from a PipelineModule of {layout.get('num_layers')} layers; this one has "
-                    f"{pipe.num_layers}"
-                )
-            owned = [idx for idx in pipe.layer_range() if pipe.layer_module(idx) is not None]
-            saved_stages = int(layout.get("num_stages", self.num_stages))
-            optim_names = [ckpt.optim_name(s) for s in range(saved_stages)] if want_optim else []
-            ckpt.check_files(path, [ckpt.layer_name(idx) for idx in owned] + optim_names)
-            module_state: dict[str, torch.Tensor] = {}
-            for idx in owned:
-                key = pipe.tied_key(idx)
-                prefix = f"tied_modules.{key}." if key is not None else f"{idx}."
-                for k, v in ckpt.load_file(ckpt.layer_file(path, idx)).items():
-                    module_state[prefix + k] = v
-            parts = [ckpt.load_file(os.path.join(path, name)) for name in optim_names]
-            return engine_state, module_state, parts
-
-        state, err = ckpt.capture(read)
-        ckpt.agree(comm, err, f"reading pipeline checkpoint {path}")
-        engine_state, module_state, parts = state
-
-        def apply() -> None:
-            try:
-                self.zero_stage_impl.load_module_state_dict(module_state, strict=load_module_strict)
-            except RuntimeError as exc:
-                raise CheckpointError(f"the layer weights in {path} do not fit stage {self.stage_id}'s layers: {exc}") from exc
-            if want_optim:
-                own = {n for n, _ in self.module.named_parameters()}
-                merged: dict[str, Any] = {}
-                for part in parts:
-                    if not merged:
-                        merged = {k: v for k, v in part.items() if k not in ("state", "fp32_params", "param_names")}
-                        merged.update({"state": {}, "fp32_params": {}, "param_names": []})
-                    merged["state"].update({n: v for n, v in part.get("state", {}).items() if n in own})
-                    merged["fp32_params"].update({n: v for n, v in (part.get("fp32_params") or {}).items() if n in own})
-                    merged["param_names"] += [n for n in part.get("param_names", []) if n in own]
-                if not merged.get("fp32_params"):
-                    merged.pop("fp32_params", None)
-                self.zero_stage_impl.load_state_dict(merged, load_optimizer_states=True)
-            if not load_module_only:
-                self.load_state_from_checkpoint(engine_state, load_lr_scheduler_states=load_lr_scheduler_states)
-
-        ckpt.agree(comm, ckpt.capture(apply)[1], f"loading pipeline checkpoint {path} into the engine")
         if self._pm is not None and self._pm.has_implementations("dscore_checkpoint_loaded"):
-            self._pm.call("dscore_checkpoint_loaded", engine=self, load_dir=asked[0], tag=os.path.basename(path))
-        return path, engine_state.get("client_state")
+            self._pm.call(
+                "dscore_checkpoint_loaded",
+                engine=self,
+                load_dir=os.path.abspath(os.fspath(load_dir)),
+                tag=os.path.basename(path),
+            )
+        return path, client_state
 
 
 def _to_device(x: Any, device: torch.device) -> Any:

@@ -2,7 +2,9 @@
 
 ``standard`` builds :class:`dscore.runtime.engine.DscoreEngine` for any ``torch.nn.Module``;
 ``pipeline`` builds :class:`dscore_plugins.engine.pipeline.PipelineEngine` for a
-:class:`dscore.pipe.PipelineModule` (higher priority, so it wins for those).
+:class:`dscore.pipe.PipelineModule` (higher priority, so it wins for those); its ``exports``
+(:mod:`dscore_plugins.engine.pipe.checkpoint`) provide the thin names ``dscore.pipe.layer_state_dicts`` and
+``dscore.pipe.load_into_layers``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dscore.specs import ConfigSectionSpec, EngineSpec
 
 @hookimpl
 def dscore_register_engines() -> list[EngineSpec]:
-    """The standard engine (first) and the pipeline engine (second)."""
+    """The standard engine (first) and the pipeline engine (second, exporting the pipeline checkpoint readers)."""
     return [
         EngineSpec(
             name="standard",
@@ -30,6 +32,7 @@ def dscore_register_engines() -> list[EngineSpec]:
             factory="dscore_plugins.engine.pipeline:build_pipeline_engine",
             priority=100,
             description="pipeline parallelism (1F1B) x data parallelism for a dscore.pipe.PipelineModule",
+            exports="dscore_plugins.engine.pipe.checkpoint",
         ),
     ]
 

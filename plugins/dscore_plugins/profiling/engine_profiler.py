@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from dscore.errors import ConfigError
-from dscore.profiling.flops_profiler import FlopsProfiler
+from dscore_plugins.profiling.profiler import FlopsProfiler
 
 __all__ = ["attach", "after_step"]
 

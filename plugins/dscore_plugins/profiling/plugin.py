@@ -1,5 +1,8 @@
 """Manifest of the built-in profiling plugin: the ``flops_profiler`` section and its engine hooks.
 
+The section's spec also carries the flops profiler's user-facing names (``exports``): the thin module
+``dscore.profiling.flops_profiler`` resolves ``FlopsProfiler``, ``get_model_profile``, ... through it.
+
 The hooks only import :mod:`dscore_plugins.profiling.engine_profiler` (which imports torch) when an
 engine is created with ``flops_profiler.enabled``.
 """
@@ -16,12 +19,14 @@ __all__ = ["dscore_after_optimizer_step", "dscore_engine_created", "dscore_regis
 
 @hookimpl
 def dscore_register_config_sections() -> list[ConfigSectionSpec]:
-    """The ``flops_profiler`` section (model in :mod:`dscore_plugins.profiling.config`)."""
+    """The ``flops_profiler`` section (model in :mod:`dscore_plugins.profiling.config`); its ``exports``
+    (:mod:`dscore_plugins.profiling.exports`) are what ``dscore.profiling.flops_profiler`` re-exports."""
     return [
         ConfigSectionSpec(
             name="flops_profiler",
             model="dscore_plugins.profiling.config:FlopsProfilerConfig",
             description="per-module params, MACs, flops and latency of one training step (rank 0)",
+            exports="dscore_plugins.profiling.exports",
         )
     ]
 

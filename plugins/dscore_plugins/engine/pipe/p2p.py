@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dscore.errors import DscoreError
+from dscore.pipe import PipelineError
 
 if TYPE_CHECKING:
     from dscore.comm import Comm
 
-__all__ = ["P2PLink", "PipelineError", "as_tuple"]
+__all__ = ["P2PLink", "as_tuple"]
 
 _DTYPES = [
     torch.float32,
@@ -44,11 +44,6 @@ _DTYPES = [
 ]
 _META, _ACT, _GRAD = 1, 2, 3
 _MAX_TENSORS = 64
-
-
-class PipelineError(DscoreError, RuntimeError):
-    """The pipeline cannot run as asked (a stage output that changed shape, a non-tensor output, a
-    direct ``forward``/``backward``/``step`` call on the pipeline engine, ...)."""
 
 
 def as_tuple(x: Any, where: str) -> tuple[torch.Tensor, ...]:
