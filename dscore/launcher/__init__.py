@@ -13,8 +13,8 @@ Modules (all torch-free; the training scripts import torch themselves):
 * :mod:`~dscore.launcher.node` - per-node entry (``python -m dscore.launcher.node``) used by remote runners.
 * :mod:`~dscore.launcher.runners` - the multi-node back-end contract (:class:`Runner`,
   :class:`RunnerContext`) and how ``--launcher NAME`` is found in the plugin registry; the back ends
-  themselves (pdsh, ssh, openmpi, mpich, impi, mvapich, slurm) are the ``launch`` plugin's
-  (``dscore_plugins.launch``), and third parties add theirs with ``dscore_register_launchers``.
+  themselves (pdsh, ssh, openmpi, mpich, impi, mvapich, slurm) are the built-in ``launch`` plugin's,
+  and third parties add theirs with ``dscore_register_launchers``.
 * :mod:`~dscore.launcher.plan` - the launch plan (what ``--dry_run`` prints and what is executed).
 * :mod:`~dscore.launcher.options` - the command-line options.
 """
