@@ -256,13 +256,16 @@ def dscore_register_launchers() -> Iterable[LauncherSpec]:
 
     Called: once per plugin manager, in the ``dscore run`` process (and the CLI's listings).
     Combine: concatenated; duplicate names or two ``default`` back ends are a conflict.
-    Must not: import torch, or look for the back end's programs (the runner's ``backend_exists`` does).
+    Must not: import torch, or look for the back end's programs (the runner's ``program()`` does, when a
+    job starts).
 
     Example::
 
         @hookimpl
         def dscore_register_launchers():
             return [LauncherSpec(name="flux", runner="my_pkg.flux:FluxRunner", executables=("flux",))]
+
+    where ``FluxRunner`` subclasses :class:`dscore.launcher.runners.Runner`.
     """
 
 

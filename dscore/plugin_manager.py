@@ -73,6 +73,7 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("xpu", "dscore_accelerators.xpu.plugin"),
     ("comm", "dscore_plugins.comm.plugin"),
     ("engines", "dscore_plugins.engine.plugin"),
+    ("launch", "dscore_plugins.launch.plugin"),
     ("lr_schedulers", "dscore_plugins.sched.plugin"),
     ("monitors", "dscore_plugins.monitor.plugin"),
     ("ops", "dscore_plugins.ops.plugin"),

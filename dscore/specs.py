@@ -301,11 +301,13 @@ class LauncherSpec(ComponentSpec):
     ``--launcher``: ``pdsh``, ``openmpi``, ``mpich``, ``impi``, ``mvapich``, ``slurm``; ``ssh`` is dscore's).
 
     Attributes:
-        runner: import string of the runner class, built as ``cls(plan)`` by ``dscore run`` (the launch plan
-            of :mod:`dscore.launcher`); it answers ``backend_exists()`` and builds the command line
-            ``get_cmd(environment, active_resources)`` as DeepSpeed's ``MultiNodeRunner`` does.
-        executables: programs the back end needs on ``PATH`` (``("pdsh",)``, ``("mpirun",)``), named in the
-            error when one is missing and in ``dscore report``.
+        runner: import string of a :class:`dscore.launcher.runners.Runner` subclass, built as ``cls()`` by
+            ``dscore run`` and named after the spec; with the job's
+            :class:`~dscore.launcher.runners.RunnerContext` it validates the request and builds the
+            command(s) this process starts (``validate``, ``commands``, ``processes``, ``cleanup_commands``,
+            ``program``: the contract in :mod:`dscore.launcher.runners`).
+        executables: the programs the back end starts, in the order its runner tries them (the first on
+            ``PATH`` is used), listed without importing the runner.
         default: True for the back end used when ``--launcher`` is not given (DeepSpeed's ``pdsh``); two
             default specs from different plugins are a conflict.
     """

@@ -160,7 +160,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_mpi_rank(args: argparse.Namespace) -> int:
-    from dscore.launcher.local import ProcessSpec, supervise
+    from dscore.launcher.ranks import ProcessSpec
+    from dscore.launcher.supervise import supervise
 
     if args.module and args.no_python:
         raise LauncherError("--module and --no_python cannot be used together (a module needs python)")
@@ -203,7 +204,8 @@ def _watch_stdin() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (2 for bad arguments, else the job's code)."""
-    from dscore.launcher.local import become_subreaper, build_rank_processes, check_core_binding_tool, supervise
+    from dscore.launcher.ranks import build_rank_processes, check_core_binding_tool
+    from dscore.launcher.supervise import become_subreaper, supervise
 
     logging.basicConfig(level=logging.INFO, format="[dscore.node] %(levelname)s %(message)s")
     args = _parser().parse_args(argv)

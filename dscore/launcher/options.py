@@ -2,7 +2,8 @@
 
 Differences from DeepSpeed: ``-H`` defaults to ``None`` meaning the implicit ``/job/hostfile`` (so an
 explicitly passed missing hostfile can be an error); ``--nproc_per_node`` is an alias of ``--num_gpus``
-(torchrun's name); ``--launcher`` also accepts ``ssh``; ``--dry_run [--json]`` prints the plan; argparse
+(torchrun's name); ``--launcher`` also accepts ``ssh`` and any back end a plugin registers (its default,
+``None``, means the registered default back end, pdsh); ``--dry_run [--json]`` prints the plan; argparse
 abbreviations are off (``dscore`` builds its parsers with ``allow_abbrev=False``), so a misspelled
 launcher option is an error instead of silently matching another one.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from dscore.launcher.hostfile import DEFAULT_HOSTFILE
-from dscore.launcher.runners import RUNNERS
+from dscore.launcher.runners import launcher_names
 
 __all__ = ["add_arguments"]
 
@@ -63,10 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("multi-node backend")
     g.add_argument(
         "--launcher",
-        default="pdsh",
+        default=None,
         type=str.lower,
         metavar="NAME",
-        help=f"multi-node backend: {', '.join(RUNNERS)} (default pdsh; case-insensitive)",
+        help=f"multi-node backend registered by a plugin: {', '.join(launcher_names())} (default: the one "
+        "registered as default, pdsh; case-insensitive)",
     )
     g.add_argument("--launcher_args", default="", help="extra arguments for the backend command (shell-split)")
     g.add_argument("--force_multi", action="store_true", help="use the multi-node backend even for one host")

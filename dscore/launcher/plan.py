@@ -12,6 +12,11 @@ Resolution order (DeepSpeed's ``runner.main``, see the reference §7.3):
 2. include/exclude/--num_nodes/--num_gpus (:func:`~dscore.launcher.resources.select_resources`);
 3. multi-node iff ``(--force_multi or several hosts) and not --no_ssh``; else the ranks are started
    directly by this process (``local``), or with ``--no_ssh`` only the ranks of ``--node_rank``.
+
+The back end comes from the plugin registry (:mod:`dscore.launcher.runners`): ``--launcher NAME`` is
+resolved there on every path (an unknown or disabled name is refused even for a local run, as DeepSpeed
+refuses a bad choice), and a multi-node plan without ``--launcher`` uses the spec registered with
+``default=True`` (pdsh). A local or ``--no_ssh`` plan without ``--launcher`` needs no back end at all.
 """
 
 from __future__ import annotations
@@ -32,18 +37,21 @@ from dscore.errors import LauncherError
 from dscore.launcher.accel import AcceleratorLaunchInfo, resolve_launch_info
 from dscore.launcher.envfile import collect_exports
 from dscore.launcher.hostfile import DEFAULT_HOSTFILE, Host, load_hostfile
-from dscore.launcher.local import (
-    PidFile,
-    ProcessSpec,
-    become_subreaper,
-    build_rank_processes,
-    check_core_binding_tool,
-    check_master_port,
-    pick_master_port,
-    supervise,
-)
+from dscore.launcher.ports import check_master_port, pick_master_port
+from dscore.launcher.ranks import ProcessSpec, build_rank_processes, check_core_binding_tool
 from dscore.launcher.resources import WorldInfo, select_resources
-from dscore.launcher.runners import RUNNERS, Runner, RunnerContext, check_program, get_runner
+from dscore.launcher.runners import (
+    Runner,
+    RunnerContext,
+    check_program,
+    default_launcher,
+    launcher_names,
+    launcher_registry,
+    load_runner,
+    resolve_launcher,
+)
+from dscore.launcher.supervise import PidFile, become_subreaper, supervise
+from dscore.registry import Registry
 
 __all__ = ["Plan", "build_plan", "dumps", "execute", "format_plan"]
 
@@ -64,6 +72,8 @@ class Plan:
         binary: executable that must exist to run ``commands`` (multi-node runners), or "".
         accelerator: accelerator name used for the visible-devices variable.
         save_pid: write the pid file while running.
+        backend: the multi-node back end that built ``commands`` (checks ``binary`` before the job
+            starts), or None for local / ``no_ssh`` plans.
     """
 
     runner: str
@@ -76,6 +86,7 @@ class Plan:
     binary: str = ""
     accelerator: str = "cpu"
     save_pid: bool = False
+    backend: Runner | None = field(default=None, repr=False, compare=False)
 
     def as_json(self) -> dict[str, Any]:
         """JSON-ready dict (see the module docstring for the keys)."""
@@ -163,6 +174,7 @@ def build_plan(
     environ: Mapping[str, str] | None = None,
     cwd: str | None = None,
     accel: AcceleratorLaunchInfo | None = None,
+    registry: Registry | None = None,
 ) -> Plan:
     """Resolve ``dscore run`` options into a :class:`Plan` without starting anything.
 
@@ -171,16 +183,20 @@ def build_plan(
         environ: environment (default ``os.environ``).
         cwd: working directory (default ``os.getcwd()``).
         accel: accelerator facts (default: :func:`~dscore.launcher.accel.resolve_launch_info`).
+        registry: where the back ends are looked up (default: the installed plugins, with
+            ``DSCORE_DISABLE_PLUGINS`` read from ``os.environ``).
 
     Raises:
         HostfileError: bad or missing explicit hostfile.
-        LauncherError: conflicting or out-of-range options, an unknown launcher, a runner that cannot
-            honour the request, a bad ``.deepspeed_env``, or an empty master address.
+        LauncherError: conflicting or out-of-range options, an unknown or disabled launcher
+            (:class:`~dscore.launcher.runners.UnknownLauncherError`), a runner that cannot honour the
+            request, a bad ``.deepspeed_env``, or an empty master address.
+        PluginConflictError, PluginLoadError: two plugins claim the back end, or its module cannot be imported.
     """
     environ = os.environ if environ is None else environ
     cwd = os.getcwd() if cwd is None else cwd
-    if args.launcher not in RUNNERS:
-        get_runner(args.launcher)  # raises with the valid choices
+    registry = launcher_registry() if registry is None else registry
+    spec = resolve_launcher(args.launcher, registry) if args.launcher is not None else None
     if args.module and args.no_python:
         raise LauncherError("--module and --no_python cannot be used together (a module needs python)")
     if args.json and not args.dry_run:
@@ -256,7 +272,7 @@ def build_plan(
             save_pid=args.save_pid,
         )
 
-    runner: Runner = get_runner(args.launcher)
+    runner: Runner = load_runner(spec if spec is not None else default_launcher(registry), registry)
     master = args.master_addr or next(iter(world))
     if not args.master_addr:
         log.info(
@@ -299,6 +315,7 @@ def build_plan(
         binary=runner.program(),
         accelerator=accel.name,
         save_pid=args.save_pid,
+        backend=runner,
     )
 
 
@@ -331,13 +348,13 @@ def execute(plan: Plan) -> int:
             file exists.
     """
     if plan.binary:
-        if plan.runner in RUNNERS:
-            where = check_program(get_runner(plan.runner), plan.binary)
+        if plan.backend is not None:
+            where = check_program(plan.backend, plan.binary)
             log.info("--launcher %s: starting the job with %s", plan.runner, where)
         elif shutil.which(plan.binary) is None:
             raise LauncherError(
                 f"--launcher {plan.runner} needs {plan.binary!r}, which is not on PATH; install it or choose another "
-                f"launcher ({', '.join(RUNNERS)}), or --no_ssh on each node"
+                f"launcher ({', '.join(launcher_names())}), or --no_ssh on each node"
             )
     check_core_binding_tool(plan.commands)
     become_subreaper()

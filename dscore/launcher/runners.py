@@ -1,58 +1,65 @@
-"""Multi-node runners: the commands that start a job on several hosts.
+"""Multi-node back ends, the core side: the contract a back end implements and how ``dscore run`` finds one.
 
-Every runner turns a :class:`RunnerContext` into the command(s) the launcher executes locally (as
-:class:`~dscore.launcher.local.ProcessSpec`) and the per-rank layout the job will have. Shapes follow
-DeepSpeed's ``multinode_runner.py`` (0.19.8); differences are noted per runner.
+A back end (``--launcher NAME``) is a :class:`Runner` subclass registered by a plugin with a
+:class:`~dscore.specs.LauncherSpec` (hook ``dscore_register_launchers``); the built-in ones (pdsh, ssh,
+openmpi, mpich, impi, mvapich, slurm) live in the ``launch`` plugin. ``dscore run`` resolves the name
+through the plugin :class:`~dscore.registry.Registry` (:func:`get_runner`; without ``--launcher``, the
+spec with ``default=True``: pdsh, as in DeepSpeed), so an unknown name gets the registry's close matches
+and a disabled unit (``DSCORE_DISABLE_PLUGINS=launcher:slurm``) is refused naming ``launcher:slurm``.
 
-Shell-based runners (``pdsh``, ``ssh``) start ``python -u -m dscore.launcher.node`` on each host with the
-world info, after ``export NAME=value;`` for each exported variable (quoted, see
-:mod:`dscore.launcher.envfile`) and ``cd <cwd>;``. MPI-style runners (``openmpi``, ``mpich``, ``impi``,
-``mvapich``, ``slurm``) let ``mpirun``/``srun`` start every rank and pass the environment as arguments (or,
-for slurm, through srun's own environment); ranks read their rank from the MPI variables through
-``python -m dscore.launcher.node --mpi`` (``impi`` sets ``RANK``/``LOCAL_RANK`` explicitly per rank). They
-place ranks by count, so they accept host-level include/exclude/--num_nodes but reject filters that pick
-particular slots, and (except openmpi) uneven slot counts. ``user@host`` entries need an ssh-based runner.
+The contract (all public, what a third-party back end uses):
 
-Which program: Debian-like systems install Open MPI and MPICH side by side, and plain ``mpirun`` is
-whichever the alternatives system picked. So each MPI runner looks for its own flavour's program first
-(openmpi: ``mpirun.openmpi``, ``mpiexec.openmpi``, ``orterun``; mpich: ``mpiexec.hydra``,
-``mpirun.mpich``, ``mpiexec.mpich``) and falls back to ``mpirun``, whose ``--version`` must then name the
-right flavour (checked before anything starts, see :func:`check_program`). The program used is logged.
+* :class:`RunnerContext` - everything known about the job: world info (host -> slots after filtering),
+  hostfile entries, rendezvous address, script and arguments, the exported variables
+  (:class:`~dscore.launcher.envfile.EnvVar`, quoted with :func:`~dscore.launcher.envfile.shell_export`),
+  ``--launcher_args``, ``--ssh_port``, ``--venv_script`` and the per-rank options;
+* :class:`Runner` - ``validate(ctx)`` raises :class:`~dscore.errors.LauncherError` for what the back end
+  cannot honour, ``commands(ctx)`` returns the :class:`~dscore.launcher.ranks.ProcessSpec` (s) this process
+  starts and supervises, ``processes(ctx)`` the per-rank layout ``--dry_run`` shows,
+  ``cleanup_commands(ctx)`` what stops leftovers after a failure, ``program()`` the executable;
+* :data:`NODE_MODULE` (``python -m dscore.launcher.node``), the per-node entry a remote shell or an MPI
+  program starts; :meth:`Runner.remote_shell_command` and :meth:`Runner.mpi_rank_argv` build its command
+  lines, :func:`dscore.launcher.node.parse_failure_line` reads its failure line from a command's output.
 
-``--ssh_port``: pdsh (``PDSH_SSH_ARGS_APPEND``, for the job and its clean-up), ssh (``-p``), openmpi
-(``--mca plm_rsh_args "-p N"``, how mpirun starts its daemons), the hydra-based mpirun of mpich, impi and
-mvapich (``HYDRA_LAUNCHER_EXTRA_ARGS``); slurm refuses it (srun does not use ssh).
-
-Failure and clean-up: ``pdsh -S`` only returns after every node's command ended, so the pdsh runner
-watches pdsh's output for a node launcher's failure line (:func:`dscore.launcher.node.parse_failure_line`)
-or pdsh's ``ssh exited with exit code N``; on the first one it stops pdsh and runs the clean-up command
-(``pkill`` of this job's node launchers on every host, through pdsh with the same rcmd type and
-``--ssh_port``), and ``dscore run`` exits with the failed rank's code. The ssh runner stops the other
-hosts' ssh connections, which ends their node launchers (stdin watchdog). The MPI-style runners
-(except impi) watch ``mpirun``/``srun`` output for the per-rank entry's failure line the same way, and
-stop the job with the failed rank's code: Open MPI's ``mpirun`` would end the job itself, but MPICH's
-hydra waits for every non-MPI process and ``srun`` reports the code of the ranks it terminated.
-``srun`` also gets ``--kill-on-bad-exit=1`` unless ``--launcher_args`` sets it.
+Which program: :meth:`Runner.program` takes the first of :attr:`Runner.programs` on ``PATH`` and falls back
+to the last; :func:`check_program` checks it before anything starts (for a generic ``mpirun``, that its
+``--version`` names the runner's flavour, :attr:`Runner.flavour_marker`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
+import re
 import shlex
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dscore.errors import LauncherError
+from dscore.errors import ComponentNotFoundError, LauncherError, PluginConflictError
 from dscore.launcher.envfile import EnvVar, shell_export
 from dscore.launcher.hostfile import Host
-from dscore.launcher.local import ProcessSpec, build_rank_processes
-from dscore.launcher.node import encode_world_info, parse_failure_line
+from dscore.launcher.node import encode_world_info
+from dscore.launcher.ranks import ProcessSpec, build_rank_processes
 from dscore.launcher.resources import WorldInfo
+from dscore.plugin_manager import create_plugin_manager
+from dscore.registry import Registry
+from dscore.specs import LauncherSpec
 
-__all__ = ["RunnerContext", "Runner", "RUNNERS", "get_runner", "NODE_MODULE", "check_program"]
+__all__ = [
+    "RunnerContext",
+    "Runner",
+    "RUNNERS",
+    "NODE_MODULE",
+    "UnknownLauncherError",
+    "check_program",
+    "default_launcher",
+    "get_runner",
+    "launcher_names",
+    "launcher_registry",
+    "load_runner",
+    "resolve_launcher",
+]
 
 log = logging.getLogger("dscore.launcher")
 
@@ -60,16 +67,6 @@ _which = shutil.which  # indirection so plan tests can pretend no MPI program is
 
 #: The per-node launcher module started on every host.
 NODE_MODULE = "dscore.launcher.node"
-
-#: DeepSpeed's MVAPICH defaults (``MV2_USE_CUDA=1`` is added for accelerators with a visible-devices variable).
-MVAPICH_DEFAULT_ENV: tuple[tuple[str, str], ...] = (
-    ("MV2_SMP_USE_CMA", "0"),
-    ("MV2_DEBUG_SHOW_BACKTRACE", "1"),
-    ("MV2_SUPPORT_DL", "1"),
-    ("MV2_ENABLE_AFFINITY", "0"),
-    ("MV2_INTER_ALLGATHER_TUNING", "5"),
-    ("MV2_CUDA_USE_NAIVE", "0"),
-)
 
 
 @dataclass
@@ -121,19 +118,30 @@ class RunnerContext:
 
 
 class Runner:
-    """Base class: a named multi-node backend.
+    """Base class of a multi-node back end (the contract a launcher plugin implements).
 
-    Subclasses set :attr:`name` and :attr:`binary` and implement :meth:`commands`; :meth:`validate` raises
-    for inputs the backend cannot honour.
+    ``dscore run`` builds one with ``cls()`` (no arguments) and sets :attr:`name` to the spec's name, then
+    calls :meth:`validate`, :meth:`processes`, :meth:`commands` and :meth:`cleanup_commands` with the
+    job's :class:`RunnerContext`, and :meth:`program` for the executable checked before the job starts.
+
+    Subclasses set :attr:`binary` (or :attr:`programs`), :attr:`uses_shell` and :attr:`passes_local_rank`
+    and implement :meth:`commands`; they extend :meth:`validate` for inputs they cannot honour, and may
+    use :meth:`remote_shell_command` (shell-based back ends), :meth:`mpi_rank_argv` (back ends whose
+    program starts every rank) and :meth:`uniform_slots`.
     """
 
+    #: the ``--launcher`` name (set from the spec when loaded through the registry).
     name = ""
+    #: the executable started, when :attr:`programs` is empty.
     binary = ""
     #: programs tried in order; the first on PATH is used (the last is the generic fallback).
     programs: tuple[str, ...] = ()
     #: text that ``<generic program> --version`` must contain for this flavour ("" = no check).
     flavour_marker = ""
+    #: True when a remote POSIX shell runs the per-node launcher on every host (``user@host`` entries,
+    #: slot-specific filters and the visible-devices variables are then honoured per host).
     uses_shell = False
+    #: True when the ranks get ``--local_rank=N`` (unless ``--no_local_rank``).
     passes_local_rank = False
 
     def program(self) -> str:
@@ -167,7 +175,12 @@ class Runner:
                 )
 
     def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
-        """The command(s) the launcher runs locally to start the job."""
+        """The command(s) the launcher runs locally to start the job (supervised like local ranks; a
+        :attr:`ProcessSpec.watch` callback lets a command report a remote rank's failure).
+
+        Raises:
+            NotImplementedError: a subclass that does not build commands.
+        """
         raise NotImplementedError(f"runner {self.name!r} does not build commands")
 
     def cleanup_commands(self, ctx: RunnerContext) -> list[list[str]]:
@@ -195,8 +208,13 @@ class Runner:
             )
         return out
 
-    # ----------------------------------------------------------------- helpers
-    def _uniform_slots(self, ctx: RunnerContext) -> int:
+    # ----------------------------------------------------------------- helpers for subclasses
+    def uniform_slots(self, ctx: RunnerContext) -> int:
+        """The slot count every host has (runners that place ranks by a per-node count need one).
+
+        Raises:
+            LauncherError: the hosts have different slot counts, naming each.
+        """
         counts = {h: len(s) for h, s in ctx.world_info.items()}
         if len(set(counts.values())) != 1:
             detail = ", ".join(f"{h}={n}" for h, n in counts.items())
@@ -206,7 +224,10 @@ class Runner:
             )
         return next(iter(counts.values()))
 
-    def _mpi_rank_argv(self, ctx: RunnerContext) -> list[str]:
+    def mpi_rank_argv(self, ctx: RunnerContext) -> list[str]:
+        """argv of one rank started by an MPI-style program: ``python -u -m dscore.launcher.node --mpi
+        --master_addr=A --master_port=P [--expand_env=NAME ...] script args`` (the node entry reads its rank
+        from the MPI variables); with ``--venv_script``, wrapped in ``/bin/sh -c '. script && exec ...'``."""
         # --venv_script: sourced by a POSIX shell on the node right before the rank (no remote shell here)
         argv = ["/bin/sh", "-c", '. "$0" && exec "$@"', ctx.venv_script] if ctx.venv_script else []
         argv += [ctx.python, "-u", "-m", NODE_MODULE, "--mpi", f"--master_addr={ctx.master_addr}"]
@@ -215,7 +236,9 @@ class Runner:
         argv += ["--module"] * ctx.module + ["--no_python"] * ctx.no_python
         return argv + [ctx.script, *ctx.script_args]
 
-    def _node_argv(self, ctx: RunnerContext, node_rank: str) -> list[str]:
+    def node_argv(self, ctx: RunnerContext, node_rank: str) -> list[str]:
+        """argv of the per-node launcher on one host (``python -u -m dscore.launcher.node --world_info=...
+        --node_rank=R ...``) without the script; ``node_rank`` may be a placeholder such as pdsh's ``%n``."""
         argv = [ctx.python, "-u", "-m", NODE_MODULE, f"--world_info={encode_world_info(ctx.world_info)}"]
         argv += [f"--node_rank={node_rank}", f"--master_addr={ctx.master_addr}", f"--master_port={ctx.master_port}"]
         argv += [f"--visible_devices_env={var}" for var in ctx.visible_devices_vars]
@@ -238,270 +261,156 @@ class Runner:
         parts.append(f"cd {shlex.quote(ctx.cwd)};")
         if ctx.venv_script:
             parts.append(f"source {shlex.quote(ctx.venv_script)};")
-        argv = self._node_argv(ctx, node_rank) + list(extra) + [ctx.script, *ctx.script_args]
+        argv = self.node_argv(ctx, node_rank) + list(extra) + [ctx.script, *ctx.script_args]
         parts.append(shlex.join(argv))
         return " ".join(parts)
 
 
-class PDSHRunner(Runner):
-    """``pdsh -S -f 1024 -w h1,h2 <launcher_args> '<exports; cd; node launcher --node_rank=%n ...>'``.
+# ------------------------------------------------------------------------------ the registered back ends
+class UnknownLauncherError(LauncherError, ComponentNotFoundError):
+    """``--launcher NAME`` names no registered back end, or one whose unit or plugin is disabled.
 
-    ``-S`` makes pdsh exit with the largest remote exit status; ``%n`` is pdsh's node rank. Environment:
-    ``PDSH_RCMD_TYPE=ssh`` and ``--ssh_port`` appended to ``PDSH_SSH_ARGS_APPEND``. pdsh's output is
-    watched for a failed node (see the module docstring). After an interrupted or failed job,
-    ``pkill -f`` of this job's node launchers runs on every host (DeepSpeed does the same) through pdsh
-    with the same environment; the pattern starts with ``[d]`` so it never matches the clean-up command
-    itself (which would kill it on a host that is also the launching host).
+    Both a :class:`~dscore.errors.LauncherError` (bad ``dscore run`` input) and the registry's
+    :class:`~dscore.errors.ComponentNotFoundError` (``kind="launcher"``, ``name``, ``available``,
+    ``suggestions``).
     """
 
-    name = "pdsh"
-    binary = "pdsh"
-    uses_shell = True
-    passes_local_rank = True
 
-    @staticmethod
-    def _env(ctx: RunnerContext) -> dict[str, str]:
-        env = {"PDSH_RCMD_TYPE": "ssh"}
-        if ctx.ssh_port:
-            env["PDSH_SSH_ARGS_APPEND"] = (os.environ.get("PDSH_SSH_ARGS_APPEND", "") + f" -p {ctx.ssh_port}").strip()
-        return env
-
-    def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
-        """One pdsh command for all hosts."""
-        targets = ",".join(ctx.target(h) for h in ctx.world_info)
-        argv = ["pdsh", "-S", "-f", "1024", "-w", targets, *ctx.launcher_args, self.remote_shell_command(ctx, "%n")]
-        return [
-            ProcessSpec(
-                argv=argv, env=self._env(ctx), host=",".join(ctx.world_info), label="pdsh", watch=parse_failure_line
-            )
-        ]
-
-    def cleanup_commands(self, ctx: RunnerContext) -> list[list[str]]:
-        """``env PDSH_RCMD_TYPE=ssh [PDSH_SSH_ARGS_APPEND=-p PORT] pdsh ... pkill -f '[d]score.launcher.node
-        --world_info=<this job>'`` on every host (same rcmd, port and ``--launcher_args`` as the job)."""
-        targets = ",".join(ctx.target(h) for h in ctx.world_info)
-        pattern = f"[{NODE_MODULE[0]}]{NODE_MODULE[1:]} --world_info={encode_world_info(ctx.world_info)}"
-        env = [f"{k}={v}" for k, v in self._env(ctx).items()]
-        return [["env", *env, "pdsh", "-f", "1024", "-w", targets, *ctx.launcher_args, f"pkill -f {shlex.quote(pattern)}"]]
+def launcher_registry() -> Registry:
+    """A fresh registry of the installed plugins (``DSCORE_DISABLE_PLUGINS`` etc. read from ``os.environ``)."""
+    return Registry(create_plugin_manager())
 
 
-class SSHRunner(Runner):
-    """One ``ssh -o BatchMode=yes [-p port] <launcher_args> host '<exports; cd; node launcher>'`` per host.
+def launcher_names(registry: Registry | None = None) -> list[str]:
+    """The registered back ends' names in registration order (built-ins first: pdsh, ssh, openmpi, ...)."""
+    registry = launcher_registry() if registry is None else registry
+    return [spec.name for spec in registry.specs("launcher")]
 
-    Not in DeepSpeed. The ssh processes are supervised like local ranks (one failing stops the others),
-    and each gets a pipe as stdin that closes when the launcher dies; the node launcher's
-    ``--stdin_watchdog`` then stops that host's ranks, so a killed launcher leaves nothing running.
+
+def resolve_launcher(name: str, registry: Registry | None = None) -> LauncherSpec:
+    """The spec of the back end ``--launcher name`` (case-insensitive, aliases included).
+
+    Raises:
+        UnknownLauncherError: no such back end (listing the registered ones and close matches), or its
+            unit (``launcher:<name>``) or plugin is disabled (naming it and how to re-enable it).
+        PluginConflictError: two plugins register the name.
+        PluginLoadError: not found while a broken plugin may have provided it.
     """
-
-    name = "ssh"
-    binary = "ssh"
-    uses_shell = True
-    passes_local_rank = True
-
-    def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
-        """One ssh command per host, node rank = host index."""
-        out = []
-        for node_rank, host in enumerate(ctx.world_info):
-            argv = ["ssh", "-o", "BatchMode=yes"]
-            if ctx.ssh_port:
-                argv += ["-p", str(ctx.ssh_port)]
-            argv += [*ctx.launcher_args, ctx.target(host)]
-            argv.append(self.remote_shell_command(ctx, str(node_rank), extra=["--stdin_watchdog"]))
-            out.append(
-                ProcessSpec(argv=argv, env={}, rank=node_rank, host=host, label=f"node {host} (ssh)", stdin="pipe")
+    registry = launcher_registry() if registry is None else registry
+    try:
+        return registry.get_typed(LauncherSpec, name, config_path="--launcher")
+    except UnknownLauncherError:
+        raise
+    except ComponentNotFoundError as exc:
+        manager = registry.manager
+        if manager.disabled_unit_providers("launcher", name) or manager.disabled_providers("launcher", name):
+            message = str(exc)
+        else:
+            close = f" Did you mean {' or '.join(repr(s) for s in exc.suggestions)}?" if exc.suggestions else ""
+            message = (
+                f"--launcher {name!r} is not a known launcher; choose one of {', '.join(launcher_names(registry))}."
+                f"{close} A plugin providing it may not be installed (see `dscore plugins list`)."
             )
-        return out
+        raise UnknownLauncherError(
+            message, kind="launcher", name=name, available=exc.available, suggestions=exc.suggestions
+        ) from None
 
 
-class OpenMPIRunner(Runner):
-    """``mpirun -n N --host h1:k1,h2:k2 --mca btl ^openib --mca btl_tcp_if_include eth0 <args> -x K=V ... <rank>``.
+def default_launcher(registry: Registry | None = None) -> LauncherSpec:
+    """The back end used when ``--launcher`` is not given: the spec registered with ``default=True``.
 
-    DeepSpeed passes ``-hostfile`` (so it must reject include/exclude); dscore passes the filtered hosts
-    with ``--host`` and so honours host-level filters. The ``btl_tcp_if_include`` pair is left out when
-    ``--launcher_args`` sets it. ``UCX_TLS=tcp`` is always exported (as DeepSpeed does).
+    Raises:
+        PluginConflictError: two plugins each register a default back end (both are named).
+        UnknownLauncherError: the default's unit or plugin is disabled (naming it), or none is registered.
     """
-
-    name = "openmpi"
-    binary = "mpirun"
-    programs: tuple[str, ...] = ("mpirun.openmpi", "mpiexec.openmpi", "orterun", "mpirun")
-    flavour_marker = "Open MPI|OpenRTE"
-
-    def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
-        """One mpirun command."""
-        hosts = ",".join(f"{h}:{len(s)}" for h, s in ctx.world_info.items())
-        argv = [self.program(), "-n", str(ctx.world_size), "--host", hosts, "--mca", "btl", "^openib"]
-        if "btl_tcp_if_include" not in " ".join(ctx.launcher_args):
-            argv += ["--mca", "btl_tcp_if_include", "eth0"]
-        argv += ctx.launcher_args
-        if ctx.ssh_port and "plm_rsh_args" not in " ".join(ctx.launcher_args):
-            argv += ["--mca", "plm_rsh_args", f"-p {ctx.ssh_port}"]  # how mpirun starts its daemons
-        argv += ["-x", "UCX_TLS=tcp"]
-        for var in ctx.exports:
-            argv += ["-x", f"{var.name}={var.value}"]
-        argv += self._mpi_rank_argv(ctx)
-        return [ProcessSpec(argv=argv, env={}, host=",".join(ctx.world_info), label="mpirun (openmpi)", watch=parse_failure_line)]
-
-
-class MPICHRunner(Runner):
-    """``mpirun -n N -ppn k <args> -genv K V ... -genv MASTER_ADDR a ... -hosts h1,h2 <rank>``; equal slots."""
-
-    name = "mpich"
-    binary = "mpirun"
-    programs: tuple[str, ...] = ("mpiexec.hydra", "mpirun.mpich", "mpiexec.mpich", "mpirun")
-    flavour_marker = "HYDRA"
-
-    def validate(self, ctx: RunnerContext) -> None:
-        """Also requires equal slot counts (DeepSpeed: "MPICH requires same number of devices per node")."""
-        super().validate(ctx)
-        self._uniform_slots(ctx)
-
-    @staticmethod
-    def _hydra_env(ctx: RunnerContext) -> dict[str, str]:
-        """``--ssh_port`` for hydra-based ``mpirun``s: extra arguments of the ssh launcher."""
-        if not ctx.ssh_port:
-            return {}
-        extra = (os.environ.get("HYDRA_LAUNCHER_EXTRA_ARGS", "") + f" -p {ctx.ssh_port}").strip()
-        return {"HYDRA_LAUNCHER_EXTRA_ARGS": extra}
-
-    def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
-        """One mpirun command."""
-        per_node = self._uniform_slots(ctx)
-        argv = [self.program(), "-n", str(ctx.world_size), "-ppn", str(per_node), *ctx.launcher_args]
-        for var in ctx.exports:
-            argv += ["-genv", var.name, var.value]
-        for name, value in (
-            ("MASTER_ADDR", ctx.master_addr),
-            ("MASTER_PORT", str(ctx.master_port)),
-            ("WORLD_SIZE", str(ctx.world_size)),
-            ("LOCAL_SIZE", str(per_node)),
-        ):
-            argv += ["-genv", name, value]
-        argv += ["-hosts", ",".join(ctx.world_info), *self._mpi_rank_argv(ctx)]
-        return [
-            ProcessSpec(
-                argv=argv, env=self._hydra_env(ctx), host=",".join(ctx.world_info), label="mpirun (mpich)",
-                watch=parse_failure_line,
-            )
-        ]
-
-
-class IMPIRunner(MPICHRunner):
-    """Intel MPI MPMD form: ``mpirun -ppn k <args> -genv ... -genv I_MPI_PIN 0 -hosts h1,h2
-    -n 1 -env RANK 0 -env LOCAL_RANK 0 python -u script args : -n 1 -env RANK 1 ...``; equal slots."""
-
-    name = "impi"
-    programs = ("mpirun",)
-    flavour_marker = "Intel"
-
-    def validate(self, ctx: RunnerContext) -> None:
-        """Also rejects ``$NAME`` references: the MPMD form starts the script without dscore's node entry."""
-        super().validate(ctx)
-        if ctx.venv_script:
-            raise LauncherError(
-                "--launcher impi starts the script directly (MPMD form), so --venv_script cannot be sourced on the "
-                "nodes; activate the environment before dscore run (Intel MPI passes it on) or use another launcher"
-            )
-        expand = [v.name for v in ctx.exports if v.expand]
-        if expand:
-            raise LauncherError(
-                f"--launcher impi: exported variable(s) {', '.join(expand)} contain $NAME references, which "
-                "impi cannot expand on the nodes (it starts the script directly); write the value literally or "
-                "use another launcher"
-            )
-
-    def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
-        """One mpirun command with one MPMD section per rank."""
-        per_node = self._uniform_slots(ctx)
-        argv = ["mpirun", "-ppn", str(per_node), *ctx.launcher_args]
-        for var in ctx.exports:
-            argv += ["-genv", var.name, var.value]
-        for name, value in (
-            ("MASTER_ADDR", ctx.master_addr),
-            ("MASTER_PORT", str(ctx.master_port)),
-            ("WORLD_SIZE", str(ctx.world_size)),
-            ("LOCAL_SIZE", str(per_node)),
-            ("I_MPI_PIN", "0"),
-        ):
-            argv += ["-genv", name, value]
-        argv += ["-hosts", ",".join(ctx.world_info)]
-        user = [] if ctx.no_python else [ctx.python, "-u"] + ["-m"] * ctx.module
-        for rank in range(ctx.world_size):
-            if rank:
-                argv.append(":")
-            argv += ["-n", "1", "-env", "RANK", str(rank), "-env", "LOCAL_RANK", str(rank % per_node)]
-            argv += [*user, ctx.script, *ctx.script_args]
-        return [ProcessSpec(argv=argv, env=self._hydra_env(ctx), host=",".join(ctx.world_info), label="mpirun (impi)")]
-
-
-class MVAPICHRunner(MPICHRunner):
-    """``mpirun -np N -ppn k -hosts h1,h2 <args> -env MV2_... -env K V ... <rank>``; equal slots.
-
-    DeepSpeed writes the host list to ``/tmp/deepspeed_mvapich_hostfile`` and leaves it there; dscore
-    passes ``-hosts`` so nothing is left behind.
-    """
-
-    name = "mvapich"
-    programs = ("mpirun",)
-    flavour_marker = ""
-
-    def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
-        """One mpirun command."""
-        per_node = self._uniform_slots(ctx)
-        argv = ["mpirun", "-np", str(ctx.world_size), "-ppn", str(per_node), "-hosts", ",".join(ctx.world_info)]
-        argv += ctx.launcher_args
-        defaults = list(MVAPICH_DEFAULT_ENV) + (
-            [("MV2_USE_CUDA", "1")] if "CUDA_VISIBLE_DEVICES" in ctx.visible_devices_vars else []
+    registry = launcher_registry() if registry is None else registry
+    defaults = [s for s in registry.specs("launcher") if isinstance(s, LauncherSpec) and s.default]
+    providers = {registry.provider(s).name for s in defaults}
+    if len(providers) > 1:
+        labels = ", ".join(f"{s.name!r} from {registry.provider(s).label()}" for s in defaults)
+        raise PluginConflictError(
+            f"several plugins register a default launcher back end ({labels}); pass --launcher NAME, or disable "
+            "one of them with DSCORE_DISABLE_PLUGINS=launcher:<name>"
         )
-        for name, value in defaults + [(v.name, v.value) for v in ctx.exports]:
-            argv += ["-env", name, value]
-        argv += self._mpi_rank_argv(ctx)
-        return [
-            ProcessSpec(
-                argv=argv, env=self._hydra_env(ctx), host=",".join(ctx.world_info), label="mpirun (mvapich)",
-                watch=parse_failure_line,
-            )
-        ]
+    if defaults:
+        return defaults[0]
+    manager = registry.manager
+    disabled = [s for r in manager.active_records() for s in r.unit_specs_disabled]
+    disabled += [s for r in manager.disabled_records() for s in manager.disabled_specs(r)]
+    names = launcher_names(registry)
+    for spec in disabled:
+        if isinstance(spec, LauncherSpec) and spec.default:
+            try:  # raises the registry's error naming the disabled unit or plugin
+                return registry.get_typed(LauncherSpec, spec.name, config_path="the default --launcher")
+            except ComponentNotFoundError as exc:
+                others = f" ({', '.join(names)})" if names else ""
+                raise UnknownLauncherError(
+                    f"{exc} Or pass --launcher NAME to use another back end{others}.",
+                    kind="launcher", name=spec.name, available=names, suggestions=[],
+                ) from None
+    raise UnknownLauncherError(
+        "no launcher back end is registered as the default; pass --launcher NAME"
+        + (f" (registered: {', '.join(names)})" if names else " (none is registered: see `dscore plugins list`)"),
+        kind="launcher", name="", available=names, suggestions=[],
+    )
 
 
-class SlurmRunner(MPICHRunner):
-    """``srun -n N <args> --nodelist h1,h2 --nodes M --ntasks-per-node k --export=ALL <rank>``; equal slots.
+def load_runner(spec: LauncherSpec, registry: Registry | None = None) -> Runner:
+    """Import ``spec.runner``, build it with ``cls()`` and name it after the spec.
 
-    The exported variables go through srun's own environment (``--export=ALL``) instead of
-    ``--export=ALL,K=V`` as in DeepSpeed, because srun splits that list on commas and would cut values
-    such as ``--opt=1,--mode=fast``.
+    Raises:
+        PluginLoadError: the import string cannot be imported (naming the plugin).
+        LauncherError: the object is not a :class:`Runner` subclass.
     """
-
-    name = "slurm"
-    binary = "srun"
-    programs = ("srun",)
-    flavour_marker = ""
-
-    def validate(self, ctx: RunnerContext) -> None:
-        """Also refuses ``--ssh_port`` (srun reaches the nodes through slurmd, not ssh)."""
-        super().validate(ctx)
-        if ctx.ssh_port:
-            raise LauncherError(
-                f"--launcher slurm does not use ssh (srun starts the ranks through slurmd), so --ssh_port "
-                f"{ctx.ssh_port} cannot apply; drop it"
-            )
-
-    def commands(self, ctx: RunnerContext) -> list[ProcessSpec]:
-        """One srun command."""
-        per_node = self._uniform_slots(ctx)
-        argv = ["srun", "-n", str(ctx.world_size), *ctx.launcher_args, "--nodelist", ",".join(ctx.world_info)]
-        argv += ["--nodes", str(len(ctx.world_info)), "--ntasks-per-node", str(per_node), "--export=ALL"]
-        if not any(a.startswith(("--kill-on-bad-exit", "-K")) for a in ctx.launcher_args):
-            argv.append("--kill-on-bad-exit=1")  # a failed rank ends the step (srun's default lets others run on)
-        argv += self._mpi_rank_argv(ctx)
-        env = {v.name: v.value for v in ctx.exports}
-        env.update({"MASTER_ADDR": ctx.master_addr, "MASTER_PORT": str(ctx.master_port)})
-        return [ProcessSpec(argv=argv, env=env, host=",".join(ctx.world_info), label="srun (slurm)", watch=parse_failure_line)]
+    registry = launcher_registry() if registry is None else registry
+    cls = registry.load(spec, "runner")
+    if not (isinstance(cls, type) and issubclass(cls, Runner)):
+        raise LauncherError(
+            f"launcher {spec.name!r} of plugin {registry.provider(spec).label()}: runner={spec.runner!r} is "
+            f"{cls!r}, not a subclass of dscore.launcher.runners.Runner"
+        )
+    runner = cls()
+    runner.name = spec.name
+    return runner
 
 
-#: name -> runner class, in the order ``--launcher`` lists them.
-RUNNERS: dict[str, type[Runner]] = {
-    r.name: r for r in (PDSHRunner, SSHRunner, OpenMPIRunner, MPICHRunner, IMPIRunner, MVAPICHRunner, SlurmRunner)
-}
+def get_runner(name: str, registry: Registry | None = None) -> Runner:
+    """The back end ``--launcher name`` (case-insensitive), built and named.
+
+    Raises:
+        UnknownLauncherError: unknown or disabled (see :func:`resolve_launcher`).
+        PluginConflictError, PluginLoadError: as :func:`resolve_launcher` and :func:`load_runner`.
+    """
+    registry = launcher_registry() if registry is None else registry
+    return load_runner(resolve_launcher(name, registry), registry)
+
+
+class _RegisteredRunners(Mapping[str, type[Runner]]):
+    """name -> runner class of the registered back ends, read from a fresh registry at each use."""
+
+    def _specs(self) -> dict[str, LauncherSpec]:
+        registry = launcher_registry()
+        return {s.name: s for s in registry.specs("launcher") if isinstance(s, LauncherSpec)}
+
+    def __getitem__(self, name: str) -> type[Runner]:
+        return type(get_runner(name))
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in {n.lower() for n in self._specs()}
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._specs()))
+
+    def __len__(self) -> int:
+        return len(self._specs())
+
+    def __repr__(self) -> str:
+        return f"RUNNERS({', '.join(self)})"
+
+
+#: name -> runner class of every registered back end, in the order ``--launcher`` lists them (a live view of
+#: the plugin registry: a plugin's back end appears here, a disabled one does not).
+RUNNERS: Mapping[str, type[Runner]] = _RegisteredRunners()
 
 
 def check_program(runner: Runner, program: str) -> str:
@@ -513,15 +422,13 @@ def check_program(runner: Runner, program: str) -> str:
     Raises:
         LauncherError: not on ``PATH``, or ``mpirun --version`` names another flavour.
     """
-    import re
-
     path = shutil.which(program)
     if path is None:
         tried = ", ".join(runner.programs or (program,))
         what = f"one of {tried}, none of which is" if len(runner.programs) > 1 else f"{program!r}, which is not"
         raise LauncherError(
             f"--launcher {runner.name} needs {what} on PATH; install it or choose another launcher "
-            f"({', '.join(RUNNERS)}), or --no_ssh on each node"
+            f"({', '.join(launcher_names())}), or --no_ssh on each node"
         )
     if not runner.flavour_marker:
         return path
@@ -541,15 +448,3 @@ def check_program(runner: Runner, program: str) -> str:
         )
     first = version.splitlines()[0] if version else ""
     return f"{path} ({first})" if first else path
-
-
-def get_runner(name: str) -> Runner:
-    """The runner called ``name`` (case-insensitive).
-
-    Raises:
-        LauncherError: unknown name, listing the valid choices.
-    """
-    cls = RUNNERS.get(name.lower())
-    if cls is None:
-        raise LauncherError(f"--launcher {name!r} is not a known launcher; choose one of {', '.join(RUNNERS)}")
-    return cls()
