@@ -232,6 +232,7 @@ def test_malloc_mmap_threshold_site(monkeypatch: pytest.MonkeyPatch, setting: st
 
 
 _SIGTERM_CHILD = """
+import signal
 from dscore_plugins.zero import nvme_swap
 assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 nvme_swap._install_sigterm_cleanup()
