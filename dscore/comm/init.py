@@ -400,9 +400,11 @@ def init_distributed(
             the backend does not fit the accelerator (nccl on CPU suggests gloo); contradictory environment;
             ranks run different plugin sets.
         ComponentNotFoundError: ``dist_backend`` names no installed comm backend.
+        ConfigError: ``DSCORE_PROCESS_POLICIES`` names an unknown policy (:mod:`dscore.process`).
     """
     if not dist.is_available():
         raise DistributedError("this torch build has no torch.distributed support")
+    process.selected_policies()  # a malformed DSCORE_PROCESS_POLICIES is refused before any group exists
     from dscore.plugin_manager import create_plugin_manager
     from dscore.registry import Registry
 

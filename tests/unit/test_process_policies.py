@@ -58,6 +58,17 @@ def test_unknown_policy_is_refused_with_did_you_mean() -> None:
         process.apply("torch_group_pin", print)
 
 
+def test_init_distributed_refuses_a_bad_switch_before_any_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    import dscore
+
+    monkeypatch.setenv(process.POLICY_ENV, "rendezvous_envs")
+    with pytest.raises(ConfigError, match="did you mean 'rendezvous_env'"):
+        dscore.init_distributed(dist_backend="gloo")
+    assert not dist.is_initialized()
+
+
 def test_apply_calls_the_action_only_when_on(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[Any, ...]] = []
 
