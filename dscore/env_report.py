@@ -112,6 +112,12 @@ def deepspeed_compat() -> dict[str, Any]:
             "detail": f"DeepSpeed {version} is installed ({location}); dscore's compatibility layer is not"}
 
 
+def _process_policies() -> list[dict[str, Any]]:
+    from dscore.process import policy_states
+
+    return policy_states()
+
+
 def _registry() -> Any:
     from dscore.plugin_manager import create_plugin_manager
     from dscore.registry import Registry
@@ -171,7 +177,9 @@ def collect_report() -> dict[str, Any]:
 
     Returns:
         ``{"dscore", "python", "torch", "cxx", "ninja", "nvcc", "cpu_simd", "shm", "swap", "deepspeed_compat",
-        "accelerator", "ops"}`` (``deepspeed_compat``: see :func:`deepspeed_compat`)
+        "process_policies", "accelerator", "ops"}`` (``deepspeed_compat``: see :func:`deepspeed_compat`;
+        ``process_policies``: one row per process-wide policy with its state and why, see
+        :func:`dscore.process.policy_states`)
         (``swap``: ``{"index", "roots", "stale"}``, NVMe-offload swap folders left by killed runs, see
         :mod:`dscore.swap_folders`);
         ``ops`` holds a list of rows ``{name, device_types, build_env_var, compatible, reason, built, ...}``.
@@ -187,6 +195,7 @@ def collect_report() -> dict[str, Any]:
         "shm": _probe(_shm),
         "swap": _probe(_swap),
         "deepspeed_compat": _probe(deepspeed_compat),
+        "process_policies": _probe(_process_policies),
     }
     registry = _probe(_registry)
     if "error" in registry:
@@ -235,6 +244,16 @@ def format_report(report: dict[str, Any]) -> str:
         # one line per accelerator that is not usable here, under the chosen one
         for item in re.split(r"; (?=[\w.-]+: )", str(accelerator["reason"]).split("; skipped ", 1)[1]):
             lines.append(f"{'':30}not usable: {item}")
+    if "process_policies" in report:
+        lines += ["", "process policies (DSCORE_PROCESS_POLICIES=all|none|a,b; docs/environment-variables.md)",
+                  "-" * 60]
+        policies = report["process_policies"]
+        if "error" in policies:
+            lines.append(f"[unavailable] {policies['error']}")
+        else:
+            width = max([len(r["name"]) for r in policies["value"]] + [6])
+            for r in policies["value"]:
+                lines.append(f"{r['name'].ljust(width)}  {('[ON]' if r['on'] else '[OFF]').ljust(5)}  {r['why']}")
     lines += ["", "ops (JIT-built with ninja on first use; `dscore ops build` builds ahead)", "-" * 60]
     ops = report["ops"]
     if "error" in ops:

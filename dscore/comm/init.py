@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from dscore import process
 from dscore.comm.env import DistributedEnv, discover_env, existing_group_env
 from dscore.comm.exit_drain import backend_workers_present, drain_backend_workers
 from dscore.comm.facade import Comm
@@ -106,7 +107,7 @@ class ProcessGroupOwner:
         # called with self._lock held; atexit runs hooks last-in first-out, so this one runs before any
         # hook registered earlier (a user's destroy_process_group, typically)
         if not self._atexit_registered:
-            atexit.register(self.destroy_at_exit)
+            process.apply("group_exit_hook", atexit.register, self.destroy_at_exit)
             self._atexit_registered = True
 
     def note_created(self) -> None:
@@ -144,7 +145,7 @@ class ProcessGroupOwner:
             if comm.owns_group and self.owns_default_group():
                 self._created_by_engine = True
             self._register_exit_hook()
-        release_torch_group_pins()
+        process.apply("torch_group_pins", release_torch_group_pins)
 
     def release(self) -> bool:
         """An engine is done with the group; destroy it when it was the last one and an engine's
@@ -168,7 +169,7 @@ class ProcessGroupOwner:
             self._created_by_engine = False
             self._leases = 0
         log.debug("destroying the process group dscore created (%s)", why)
-        release_torch_group_pins()
+        process.apply("torch_group_pins", release_torch_group_pins)
         flush_pending_sends()
         dist.destroy_process_group()
         if backend_workers_present():
@@ -177,7 +178,7 @@ class ProcessGroupOwner:
             # worker threads then live into finalization: let them finish and drop what they ran while the
             # interpreter is alive (dscore.comm.exit_drain)
             log.debug("a destroyed process group is still referenced; waiting for its worker threads to park")
-            drain_backend_workers()
+            process.apply("exit_drain", drain_backend_workers)
         return True
 
     def destroy_at_exit(self) -> None:
@@ -194,8 +195,8 @@ class ProcessGroupOwner:
                 # and drop the collectives in flight while the interpreter is alive (a worker that drops one
                 # during finalization needs the GIL and aborts the process: dscore.comm.exit_drain)
                 flush_pending_sends()
-                release_torch_group_pins()
-                drain_backend_workers()
+                process.apply("torch_group_pins", release_torch_group_pins)
+                process.apply("exit_drain", drain_backend_workers)
         except Exception as exc:  # noqa: BLE001 - exit must go on; say what happened
             log.warning("could not end the process group cleanly at exit: %s", exc)
 
@@ -399,9 +400,11 @@ def init_distributed(
             the backend does not fit the accelerator (nccl on CPU suggests gloo); contradictory environment;
             ranks run different plugin sets.
         ComponentNotFoundError: ``dist_backend`` names no installed comm backend.
+        ConfigError: ``DSCORE_PROCESS_POLICIES`` names an unknown policy (:mod:`dscore.process`).
     """
     if not dist.is_available():
         raise DistributedError("this torch build has no torch.distributed support")
+    process.selected_policies()  # a malformed DSCORE_PROCESS_POLICIES is refused before any group exists
     from dscore.plugin_manager import create_plugin_manager
     from dscore.registry import Registry
 
@@ -457,7 +460,7 @@ def init_distributed(
                 ("RANK", env.rank), ("WORLD_SIZE", env.world_size), ("LOCAL_RANK", env.local_rank),
                 ("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port),
             ):
-                os.environ.setdefault(key, str(value))
+                process.apply("rendezvous_env", os.environ.setdefault, key, str(value))
         dist.init_process_group(
             backend=spec.torch_backend, init_method=method, rank=env.rank, world_size=env.world_size,
             timeout=_as_timedelta(timeout, environ),
@@ -488,5 +491,5 @@ def _env_of_existing_group(environ: Mapping[str, str] | None) -> DistributedEnv:
     # LOCAL_RANK is exported for user code, as for a group dscore creates
     env = existing_group_env(int(dist.get_rank()), int(dist.get_world_size()), environ=environ)
     if environ is None or environ is os.environ:
-        os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
+        process.apply("rendezvous_env", os.environ.setdefault, "LOCAL_RANK", str(env.local_rank))
     return env

@@ -72,6 +72,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dscore import process
 from dscore.errors import DistributedError, DscoreError
 
 __all__ = ["Exchange", "ShmChannel", "channel_for", "flush_pending_sends", "shm_enabled"]
@@ -645,7 +646,7 @@ def channel_for(grp: Any, world: int, rank: int) -> ShmChannel | None:
     channel = _set_up(grp, world, rank) if shm_enabled() else None
     _channels[key] = channel
     if channel is not None and not _flush_registered:
-        atexit.register(flush_pending_sends)  # after the group's own exit hooks: runs before them
+        process.apply("shm_exit_flush", atexit.register, flush_pending_sends)  # runs before the group's hooks
         _flush_registered = True
     return channel
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dscore import process
 from dscore.comm.work import DONE, Work
 
 __all__ = ["P2P", "GlooP2PTransport", "flush_dropped"]
@@ -86,7 +87,7 @@ class _PairwiseWork(Work):
             try:
                 _dropped.setdefault(self._group, []).append((self._seq, list(self._works)))
                 if not _exit_hook:
-                    atexit.register(flush_dropped)
+                    process.apply("p2p_exit_flush", atexit.register, flush_dropped)
                     _exit_hook = True
             except Exception:  # noqa: BLE001 - never raise from a finaliser (interpreter shutdown)
                 pass

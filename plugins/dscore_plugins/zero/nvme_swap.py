@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dscore import process
 from dscore.errors import DscoreError
 from dscore.swap_folders import OWNER_FILE as _OWNER
 from dscore.swap_folders import SWAP_DIR_PREFIX, find_stale_swap_folders
@@ -82,7 +83,7 @@ def _install_sigterm_cleanup() -> None:
         return
     _sigterm_installed = True
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _remove_open_folders_then_die)
+        process.apply("nvme_sigterm_cleanup", signal.signal, signal.SIGTERM, _remove_open_folders_then_die)
 
 
 class NVMeSwapManager:

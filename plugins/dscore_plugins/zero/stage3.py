@@ -144,7 +144,8 @@ def apply_host_malloc_policy() -> int:
     Scope: process-wide (it affects every allocation of the process), applied by the first stage-3
     engine whose parameters live on the CPU; other allocators (jemalloc/tcmalloc via ``LD_PRELOAD``)
     and non-glibc systems are left alone. ``DSCORE_MALLOC_MMAP_THRESHOLD`` sets the threshold in bytes
-    (default 1 MiB); ``0`` disables the policy.
+    (default 1 MiB); ``0`` disables the policy. It is the process policy ``malloc_mmap_threshold``
+    (:mod:`dscore.process`: ``DSCORE_PROCESS_POLICIES`` can turn it off).
 
     Returns:
         the threshold applied in bytes, or 0 when nothing was changed.
@@ -160,6 +161,8 @@ def apply_host_malloc_policy() -> int:
     import platform
     import sys
 
+    from dscore import process
+
     raw = os.environ.get(_MMAP_THRESHOLD_ENV, "").strip()
     try:
         threshold = int(raw) if raw else _DEFAULT_MMAP_THRESHOLD
@@ -170,11 +173,15 @@ def apply_host_malloc_policy() -> int:
     _malloc_policy_applied = True
     if threshold <= 0 or not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return 0
-    try:
+
+    def set_thresholds() -> bool:
         libc = ctypes.CDLL("libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(threshold)) and libc.mallopt(
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(threshold)) and libc.mallopt(
             _M_TRIM_THRESHOLD, ctypes.c_int(2 * threshold)
-        )
+        ))
+
+    try:
+        ok = process.apply("malloc_mmap_threshold", set_thresholds)  # off: nothing changed (None)
     except (OSError, AttributeError):
         return 0
     if ok:
