@@ -25,7 +25,7 @@ ROOTS = {"dscore": REPO / "dscore", "dscore_plugins": REPO / "plugins" / "dscore
 def modules(roots: dict[str, Path] | None = None) -> dict[str, Path]:
     """Dotted module name -> file, for every ``*.py`` under each root package folder (default :data:`ROOTS`)."""
     out: dict[str, Path] = {}
-    for root, base in (ROOTS if roots is None else roots).items():
+    for base in (ROOTS if roots is None else roots).values():
         for path in base.rglob("*.py"):
             rel = path.relative_to(base.parent).with_suffix("")
             parts = list(rel.parts)
