@@ -33,7 +33,7 @@ the same steps, with the ZeRO stage's sub-phases (gradient bucketing, reduce lau
 optimizer, parameter all-gather and its waits; see :mod:`dscore.runtime.timers`). Monitors (rank 0) receive ``Train/Samples/train_loss``, ``Train/Samples/lr`` and (fp16)
 ``Train/Samples/loss_scale`` at every optimizer step, with ``global_samples`` as the x value.
 
-Checkpoint-facing state (for :mod:`dscore.checkpoint`): :meth:`counters_state` /
+Checkpoint-facing state (for :mod:`dscore.persistence`): :meth:`counters_state` /
 :meth:`load_counters_state`, :attr:`lr_scheduler`, :attr:`zero_stage_impl` (``state_dict``,
 ``load_state_dict``, ``module_state_dict``, ``load_module_state_dict``), :attr:`loss_scaler`,
 :attr:`data_sampler_state` / :meth:`load_data_sampler_state`, :meth:`rng_state` /
@@ -172,7 +172,7 @@ class DscoreEngine(torch.nn.Module):
         self._backwards_since_step = 0
         #: ``"dscore"`` (default: pickle-free, world-size independent) or ``"deepspeed"`` (DeepSpeed 0.19.8's
         #: files, for tools that read them; set by the ``deepspeed`` compatibility distribution). See
-        #: :func:`dscore.checkpoint.save_checkpoint`; loads read either.
+        #: :func:`dscore.persistence.save_checkpoint`; loads read either.
         self.checkpoint_layout = "dscore"
         self._backwards_in_micro_step = 0  # backward() calls since the last step() call (issue 33 item 1)
         self._warned_unmanaged_window = False
@@ -1000,7 +1000,7 @@ class DscoreEngine(torch.nn.Module):
             self.runtime.accelerator.set_rng_state(state["accelerator"])
 
     def state_for_checkpoint(self) -> dict[str, Any]:
-        """Everything the engine itself owns, for :mod:`dscore.checkpoint`.
+        """Everything the engine itself owns, for :mod:`dscore.persistence`.
 
         Returns:
             ``{"counters": counters_state(), "lr_scheduler": state dict or None, "loss_scaler": state
@@ -1040,17 +1040,17 @@ class DscoreEngine(torch.nn.Module):
         save_latest: bool = True,
         exclude_frozen_parameters: bool = False,
     ) -> bool:
-        """Save a checkpoint on every rank (see :func:`dscore.checkpoint.save_checkpoint`). Returns True.
+        """Save a checkpoint on every rank (see :func:`dscore.persistence.save_checkpoint`). Returns True.
 
         ``exclude_frozen_parameters=True`` leaves parameters with ``requires_grad=False`` out of the module
         state (DeepSpeed's meaning; a later load into a model that already holds them restores the rest).
         Warns when gradients of an incomplete accumulation window are pending (they are not saved). The
         files follow :attr:`checkpoint_layout`.
         """
-        from dscore import checkpoint
+        from dscore import persistence
 
         self._warn_pending_gradients("save_checkpoint()")
-        return checkpoint.save_checkpoint(
+        return persistence.save_checkpoint(
             self,
             save_dir,
             tag=tag,
@@ -1070,10 +1070,10 @@ class DscoreEngine(torch.nn.Module):
         load_lr_scheduler_states: bool = True,
         load_module_only: bool = False,
     ) -> tuple[str | None, dict[str, Any] | None]:
-        """Load a checkpoint (see :func:`dscore.checkpoint.load_checkpoint`); returns ``(path, client_state)``."""
-        from dscore import checkpoint
+        """Load a checkpoint (see :func:`dscore.persistence.load_checkpoint`); returns ``(path, client_state)``."""
+        from dscore import persistence
 
-        return checkpoint.load_checkpoint(
+        return persistence.load_checkpoint(
             self,
             load_dir,
             tag=tag,
@@ -1084,10 +1084,10 @@ class DscoreEngine(torch.nn.Module):
         )
 
     def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin") -> bool:
-        """Write the module's 16-bit (or fp32) weights (see :func:`dscore.checkpoint.save_16bit_model`)."""
-        from dscore import checkpoint
+        """Write the module's 16-bit (or fp32) weights (see :func:`dscore.persistence.save_16bit_model`)."""
+        from dscore import persistence
 
-        return checkpoint.save_16bit_model(self, save_dir, save_filename=save_filename)
+        return persistence.save_16bit_model(self, save_dir, save_filename=save_filename)
 
     save_fp16_model = save_16bit_model
 
