@@ -291,7 +291,7 @@ def engine_state(ck: DeepSpeedCheckpoint, gas: int) -> dict[str, Any]:
 class _StreamFile:
     """A safetensors file whose header is fixed first and whose tensors are filled by offset (pwrite).
 
-    Same layout rules as :func:`dscore.checkpoint._tensorfile.write_tensor_file` (ordered by element size
+    Same layout rules as :func:`dscore.persistence.tensorfile.write_tensor_file` (ordered by element size
     then name; 8-byte aligned data section), so dscore's reader and ``safetensors`` read it.
     """
 

@@ -106,7 +106,7 @@ def is_deepspeed_checkpoint(save_dir: str, tag: str | None = None) -> bool:
             continue
         path = os.path.join(save_dir, name)
         if os.path.exists(os.path.join(path, "_COMPLETE")):
-            # dscore's manifest; a save in DeepSpeed's layout (dscore.checkpoint.deepspeed.writer) says so in it
+            # dscore's manifest; a save in DeepSpeed's layout (dscore_plugins.checkpoint_ds.writer) says so in it
             try:
                 with open(os.path.join(path, "_COMPLETE"), encoding="utf-8") as f:
                     return json.load(f).get("layout") == "deepspeed"

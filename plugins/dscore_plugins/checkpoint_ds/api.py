@@ -161,7 +161,7 @@ def read_for_engine(
     """Read and validate a DeepSpeed checkpoint for ``engine``; nothing is applied here.
 
     Returns:
-        The structure :func:`dscore.checkpoint.load_checkpoint` applies: ``{"manifest": {"world_size",
+        The structure :func:`dscore.persistence.load_checkpoint` applies: ``{"manifest": {"world_size",
         "format": "deepspeed"}, "module", "engine", "client", "optim" (unless ``load_module_only``), "rank":
         None (DeepSpeed stores no RNG state), "load_path"}``.
 
