@@ -1,7 +1,7 @@
 """The plugin import contract, as a checker anyone can run on their own plugin distribution.
 
 The rule (CONTRIBUTING.md, "The contract"): plugin code imports only *public* dscore names. A module path
-segment or an imported name starting with ``_`` (``dscore.zero._comm``, ``from dscore.checkpoint import
+segment or an imported name starting with ``_`` (``dscore.zero._comm``, ``from dscore.persistence import
 _write``) is private: it may change or vanish in any release. Dunder names (``__version__``) are public.
 
 The check reads the source's AST only (nothing is imported, torch is never loaded), so it sees imports at

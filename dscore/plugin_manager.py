@@ -71,6 +71,7 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("mps", "dscore_accelerators.mps.plugin"),
     ("npu", "dscore_accelerators.npu.plugin"),
     ("xpu", "dscore_accelerators.xpu.plugin"),
+    ("checkpoint", "dscore_plugins.checkpoint_ds.plugin"),
     ("comm", "dscore_plugins.comm.plugin"),
     ("engines", "dscore_plugins.engine.plugin"),
     ("launch", "dscore_plugins.launch.plugin"),

@@ -9,12 +9,15 @@
   ``--fp32 OUT`` is accepted for dscore directories too (same as ``OUT --dtype fp32``).
 * ``dscore checkpoint import DS_DIR OUT_DIR [--tag T]``: convert a DeepSpeed checkpoint once into dscore's
   pickle-free format (``OUT_DIR/<tag>``, ``OUT_DIR/latest``), streaming one shard at a time; DeepSpeed's
-  pickles are read with a restricted unpickler (see :mod:`dscore.checkpoint.deepspeed`).
+  pickles are read with a restricted unpickler (see :mod:`dscore.checkpoint.deepspeed`). Any registered
+  ``checkpoint_layout`` that declares an import converts the same way.
 * ``dscore checkpoint list CKPT_DIR [--json]``: the tags, whether each is complete, which one ``latest``
   names, world size, ZeRO stage, step and size in bytes (a DeepSpeed directory: its latest tag's stage,
   world size and files).
 
-Torch is imported only when a command runs.
+The layout of a directory is detected through the registry (:mod:`dscore.persistence.layouts`), so a
+disabled layout (``checkpoint_layout:deepspeed``) is refused naming the unit. Torch is imported only when a
+command runs.
 """
 
 from __future__ import annotations
@@ -79,14 +82,8 @@ def run(args: argparse.Namespace) -> int:
     from dscore.errors import CheckpointError
 
     if args.action == "import":
-        from dscore.checkpoint.deepspeed import import_checkpoint, is_deepspeed_checkpoint
+        from dscore.persistence.export import import_checkpoint
 
-        if not is_deepspeed_checkpoint(args.ds_dir, args.tag):
-            raise CheckpointError(
-                f"{args.ds_dir} is not a DeepSpeed save directory (no latest tag holding mp_rank_00_model_states.pt / "
-                "zero_pp_rank_<r>_mp_rank_00_*_states.pt files); `dscore checkpoint import` converts DeepSpeed "
-                "checkpoints (dscore checkpoints need no import)"
-            )
         print(import_checkpoint(args.ds_dir, args.out_dir, tag=args.tag))
         return 0
     if args.action == "export":
@@ -97,26 +94,29 @@ def run(args: argparse.Namespace) -> int:
         output = args.fp32_output if args.fp32_output is not None else args.output
         if output is None:
             raise CheckpointError("name the output file: `dscore checkpoint export CKPT_DIR OUT` or `--fp32 OUT`")
-        from dscore.checkpoint.export import convert_checkpoint  # recognises DeepSpeed directories too
+        from dscore.persistence.export import convert_checkpoint  # any registered layout (DeepSpeed's too)
 
         path = convert_checkpoint(args.checkpoint_dir, output, tag=args.tag, dtype=args.dtype or "fp32")
         print(path)
         return 0
-    from dscore.checkpoint.deepspeed import DeepSpeedCheckpoint, is_deepspeed_checkpoint
+    import os
 
-    if is_deepspeed_checkpoint(args.checkpoint_dir):
-        ds_info = DeepSpeedCheckpoint(args.checkpoint_dir).describe()
+    from dscore.exports import active_registry
+    from dscore.persistence import layouts
+
+    directory = os.path.abspath(args.checkpoint_dir)
+    name, layout = layouts.layout_for_load(active_registry()[0], directory, None)
+    describe = getattr(layout, "describe", None)
+    if name != layouts.NATIVE and callable(describe):  # a foreign layout's own summary (DeepSpeed's)
+        ds_info = describe(directory)
         if args.json:
             json.dump(ds_info, sys.stdout, indent=2)
             sys.stdout.write("\n")
             return 0
-        print(
-            f"{ds_info['dir']}  (DeepSpeed {ds_info['ds_version'] or '?'} checkpoint, latest: {ds_info['tag']})\n"
-            f"  {ds_info['tag']:<24} zero={ds_info['zero_stage']} ranks={ds_info['world_size']} "
-            f"step={ds_info['global_steps']} params={ds_info['parameters']} files={', '.join(ds_info['files'])}"
-        )
+        fmt = getattr(layout, "format_description", None)
+        print(fmt(ds_info) if callable(fmt) else json.dumps(ds_info, indent=2))
         return 0
-    from dscore.checkpoint.export import describe_checkpoints
+    from dscore.persistence.export import describe_checkpoints
 
     info = describe_checkpoints(args.checkpoint_dir)
     if args.json:

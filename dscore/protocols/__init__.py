@@ -18,6 +18,8 @@ Kinds and their contracts:
   (:mod:`dscore.protocols.engine`);
 * collectives: :class:`Comm` — every collective in dscore goes through it — and its async :class:`Work`
   handles (:mod:`dscore.comm`);
+* checkpoint layout: :class:`CheckpointLayout`, :class:`CheckpointSaveState`, :class:`CheckpointLoadRequest`,
+  :class:`LoadedCheckpoint` (:mod:`dscore.protocols.checkpoint`); building blocks in :mod:`dscore.persistence`;
 * accelerator: :class:`Accelerator`, :class:`ProbeResult` (:mod:`dscore.accelerator`).
 """
 
@@ -50,6 +52,11 @@ _LAZY: dict[str, str] = {
     "Engine": "dscore.protocols.engine:Engine",
     "EngineContext": "dscore.protocols.engine:EngineContext",
     "DscoreEngine": "dscore.runtime.engine:DscoreEngine",
+    # checkpoint layouts
+    "CheckpointLayout": "dscore.protocols.checkpoint:CheckpointLayout",
+    "CheckpointLoadRequest": "dscore.protocols.checkpoint:CheckpointLoadRequest",
+    "CheckpointSaveState": "dscore.protocols.checkpoint:CheckpointSaveState",
+    "LoadedCheckpoint": "dscore.protocols.checkpoint:LoadedCheckpoint",
     # collectives
     "Comm": "dscore.comm.facade:Comm",
     "Work": "dscore.comm.facade:Work",
@@ -60,11 +67,15 @@ _LAZY: dict[str, str] = {
 
 __all__ = [
     "Accelerator",
+    "CheckpointLayout",
+    "CheckpointLoadRequest",
+    "CheckpointSaveState",
     "Comm",
     "DscoreEngine",
     "Engine",
     "EngineContext",
     "GradientReducer",
+    "LoadedCheckpoint",
     "LossScaler",
     "MonitorContext",
     "OpaqueParams",
@@ -87,6 +98,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from dscore.accelerator.base import Accelerator, ProbeResult
     from dscore.comm.facade import Comm, Work
     from dscore.hookspecs import hookimpl
+    from dscore.protocols.checkpoint import (
+        CheckpointLayout,
+        CheckpointLoadRequest,
+        CheckpointSaveState,
+        LoadedCheckpoint,
+    )
     from dscore.protocols.context import (
         MonitorContext,
         OpaqueParams,

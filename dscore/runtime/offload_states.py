@@ -157,7 +157,7 @@ class StateOffloader:
 
 
 def _refuse(message: str) -> None:
-    from dscore.runtime.engine import EngineError
+    from dscore.runtime.engine_errors import EngineError
 
     raise EngineError(message)
 

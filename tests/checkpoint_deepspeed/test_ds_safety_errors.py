@@ -84,7 +84,7 @@ def test_dynamic_loss_scaler_state_is_read(tmp_path, monkeypatch) -> None:
     import torch
 
     from dscore.checkpoint.deepspeed import safe_load
-    from dscore.checkpoint.deepspeed._layout import scaler_state
+    from dscore_plugins.checkpoint_ds._pieces import scaler_state
 
     mod = _fake_module(monkeypatch, "deepspeed.runtime.fp16.loss_scaler")
 

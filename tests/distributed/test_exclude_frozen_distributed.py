@@ -65,8 +65,8 @@ def _full(engine) -> dict:
 def _case(save_root: str) -> dict:
     import torch.distributed as dist
 
-    from dscore.checkpoint._layout import MODEL_FILE
-    from dscore.checkpoint._tensorfile import read_tensor_file
+    from dscore.persistence.savedir import MODEL_FILE
+    from dscore.persistence.tensorfile import read_tensor_file
 
     out = {}
     for stage in (2, 3):

@@ -19,8 +19,8 @@ import pytest
 import torch
 
 import dscore
-from dscore.checkpoint import _layout as L
-from dscore.checkpoint._tensorfile import read_tensor_file
+from dscore.persistence import savedir as L
+from dscore.persistence.tensorfile import read_tensor_file
 from dscore.testing import find_free_port
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ CHILD = r"""
 import json, os, sys, time
 import torch
 import dscore
-from dscore.checkpoint import _layout, _tensorfile
+from dscore.persistence import savedir as _layout, tensorfile as _tensorfile
 
 save_dir, point, ready = sys.argv[1], sys.argv[2], sys.argv[3]
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import dscore
-from dscore.checkpoint import _layout as L
 from dscore.checkpoint import convert_checkpoint, get_fp32_state_dict_from_checkpoint
-from dscore.checkpoint._tensorfile import read_tensor_file
 from dscore.cli.main import main as cli_main
 from dscore.errors import CheckpointError, CheckpointNotFoundError
+from dscore.persistence import savedir as L
+from dscore.persistence.tensorfile import read_tensor_file
 
 
 def _model(seed: int = 0) -> torch.nn.Module:
@@ -340,7 +340,7 @@ def test_load_across_zero_stages(tmp_path, save_stage, load_stage):
 
 
 def test_durable_mode_fsyncs_and_roundtrips(tmp_path, monkeypatch):
-    from dscore.checkpoint import _tensorfile
+    from dscore.persistence import tensorfile as _tensorfile
 
     synced: list[int] = []
     real_fsync = os.fsync

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import dscore
-from dscore.checkpoint._layout import MODEL_FILE
-from dscore.checkpoint._tensorfile import read_tensor_file
 from dscore.errors import CheckpointError
+from dscore.persistence.savedir import MODEL_FILE
+from dscore.persistence.tensorfile import read_tensor_file
 
 
 class Lora(torch.nn.Module):

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dscore.checkpoint import _layout as L
-from dscore.checkpoint._tensorfile import read_header, read_tensor_file, write_tensor_file
-from dscore.checkpoint._tree import decode, encode
 from dscore.errors import CheckpointError, CheckpointNotFoundError
+from dscore.persistence import savedir as L
+from dscore.persistence.tensorfile import read_header, read_tensor_file, write_tensor_file
+from dscore.persistence.tree import decode, encode
 
 
 def _tensors() -> dict[str, torch.Tensor]:

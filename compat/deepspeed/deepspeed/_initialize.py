@@ -61,7 +61,7 @@ def initialize(
     ``args.deepspeed_config``) first goes through :func:`read_client_config`: ``steps_per_print: inf`` and
     top-level dotted keys get DeepSpeed's meaning with a warning; everything else is validated as strictly
     as ``dscore.initialize`` does. The engine saves checkpoints in DeepSpeed 0.19.8's layout
-    (``engine.checkpoint_layout = "deepspeed"``, see :mod:`dscore.checkpoint.deepspeed.writer`).
+    (``engine.checkpoint_layout = "deepspeed"``, see the ``deepspeed`` checkpoint layout of the built-in ``checkpoint`` plugin).
 
     Args:
         mpu: passed to :func:`dscore.initialize`: the :class:`dscore.parallel.ParallelMesh` that

@@ -9,8 +9,8 @@ A pipeline checkpoint ``<save_dir>/<tag>/`` holds
   keyed by the global parameter names ``"3.weight"`` / ``"tied_modules.embed.weight"``);
 * ``engine_states.pt``: counters, LR scheduler, layout (``num_layers``, ``num_stages``, ``parts``),
   ``client_state``;
-* ``_COMPLETE``: the JSON manifest of :mod:`dscore.checkpoint` (written by :mod:`dscore.checkpoint.atomic`)
-  with ``"kind": "pipeline"`` (every file, the rank that wrote it and its size), written last;
+* ``_COMPLETE``: the JSON manifest of :mod:`dscore.persistence` with ``"kind": "pipeline"`` (every file,
+  the rank that wrote it and its size), written last;
 * ``<save_dir>/latest``: the tag of the last complete save.
 
 Because files are per layer and optimizer state is keyed by global names, a checkpoint saved with
@@ -43,9 +43,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dscore.checkpoint import atomic as L
-from dscore.checkpoint.atomic import COMPLETE_FILE, LATEST_FILE, agree, atomic_write, capture, encode
 from dscore.errors import CheckpointError, CheckpointNotFoundError
+from dscore.persistence import savedir as L
+from dscore.persistence.savedir import COMPLETE_FILE, LATEST_FILE, agree, atomic_write, capture
+from dscore.persistence.tree import encode
 
 if TYPE_CHECKING:
     from dscore.comm import Comm
@@ -275,7 +276,7 @@ def find_checkpoint(load_dir: str | os.PathLike[str], tag: object = None) -> str
     """The tag folder to load (``tag``, else the one ``latest`` names), or None when no tag is given and
     ``load_dir`` has no ``latest`` (nothing to resume from).
 
-    The standard engine's load-path rules (:func:`dscore.checkpoint.atomic.resolve_tag`) with the
+    The standard engine's load-path rules (:func:`dscore.persistence.savedir.resolve_tag`) with the
     pipeline's kind; a folder without ``_COMPLETE`` loads only when :func:`is_legacy_checkpoint`.
 
     Raises:

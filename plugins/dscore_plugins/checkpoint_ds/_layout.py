@@ -35,278 +35,30 @@ import math
 import os
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
-from dscore.checkpoint.deepspeed._unpickle import DSFragment, DSLossScaler, safe_load
 from dscore.errors import CheckpointError, CheckpointNotFoundError
-
-__all__ = [
-    "DeepSpeedCheckpoint",
-    "resolve_deepspeed_tag",
-    "Piece",
-    "Shard",
-    "find_deepspeed_files",
-    "is_deepspeed_checkpoint",
-    "looks_like_deepspeed_tag_dir",
-]
-
-_MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
-_Z3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
-_OPTIM_RE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-_PIPE_RE = re.compile(r"^layer_\d+-model_\d+-model_states\.pt$|^layer_\d+-model_states\.pt$")
-_MOE_RE = re.compile(r"(^|_)expp?_rank_\d+|(^|_)expert_\d+")
-
-#: Keys DeepSpeed's engine writes into the model-states file; every other top-level key is the user's
-#: ``client_state`` (DeepSpeed merges the two dicts).
-DEEPSPEED_ENGINE_KEYS = frozenset(
-    {
-        "module",
-        "buffer_names",
-        "optimizer",
-        "param_shapes",
-        "frozen_param_shapes",
-        "shared_params",
-        "frozen_param_fragments",
-        "lr_scheduler",
-        "data_sampler",
-        "random_ltd",
-        "sparse_tensor_module_names",
-        "skipped_steps",
-        "global_steps",
-        "global_samples",
-        "dp_world_size",
-        "mp_world_size",
-        "checkpoint_parallel_dimensions",
-        "ds_config",
-        "ds_version",
-        "universal_checkpoint_info",
-        "num_experts",
-    }
+from dscore_plugins.checkpoint_ds._detect import (
+    _Z3MODEL_RE,
+    DEEPSPEED_ENGINE_KEYS,
+    MODEL_RE,
+    MOE_RE,
+    OPTIM_RE,
+    PIPE_RE,
+    resolve_deepspeed_tag,
 )
+from dscore_plugins.checkpoint_ds._pieces import (
+    ParamInfo,
+    Piece,
+    Shard,
+    bad_file,
+    base_groups,
+    optimizer_sd,
+    scaler_state,
+)
+from dscore_plugins.checkpoint_ds._unpickle import DSFragment, safe_load
 
-
-def find_deepspeed_files(tag_dir: str) -> list[str]:
-    """Names in ``tag_dir`` that DeepSpeed writes (model/optimizer states, pipeline layers); [] if none."""
-    try:
-        names = os.listdir(tag_dir)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        return []
-    return sorted(
-        n
-        for n in names
-        if _MODEL_RE.match(n)
-        or _Z3_MODEL_RE.match(n)
-        or _OPTIM_RE.match(n)
-        or _PIPE_RE.match(n)
-        or (n.endswith("model_states.pt") or n.endswith("optim_states.pt"))
-    )
-
-
-def looks_like_deepspeed_tag_dir(path: str) -> bool:
-    """True when ``path`` is a directory holding DeepSpeed checkpoint files (a tag directory)."""
-    return os.path.isdir(path) and bool(find_deepspeed_files(path))
-
-
-def is_deepspeed_checkpoint(save_dir: str, tag: str | None = None) -> bool:
-    """Whether ``save_dir`` is a DeepSpeed save directory (not a dscore one).
-
-    True when the tag (given, or named by ``latest`` / ``latest_universal``) or, without those, any
-    sub-directory holds DeepSpeed-named files (``*model_states.pt`` / ``*optim_states.pt``) and no dscore
-    ``_COMPLETE`` manifest. Reads only directory listings and the ``latest`` files.
-    """
-    if not os.path.isdir(save_dir):
-        return False
-    candidates: list[str] = []
-    if tag is not None:
-        candidates.append(str(tag))
-    for marker in ("latest", "latest_universal"):
-        try:
-            with open(os.path.join(save_dir, marker), encoding="utf-8") as f:
-                candidates.append(f.read().strip())
-        except (OSError, UnicodeDecodeError):
-            pass
-    if not candidates:
-        try:
-            candidates = [n for n in os.listdir(save_dir) if not n.startswith(".")]
-        except OSError:
-            return False
-    for name in candidates:
-        if not name or "/" in name or name in (".", ".."):
-            continue
-        path = os.path.join(save_dir, name)
-        if os.path.exists(os.path.join(path, "_COMPLETE")):
-            # dscore's manifest; a save in DeepSpeed's layout (dscore.checkpoint.deepspeed.writer) says so in it
-            try:
-                with open(os.path.join(path, "_COMPLETE"), encoding="utf-8") as f:
-                    return json.load(f).get("layout") == "deepspeed"
-            except (OSError, ValueError, AttributeError):
-                return False
-        if looks_like_deepspeed_tag_dir(path) or os.path.isdir(os.path.join(path, "zero")):
-            return True
-        if tag is not None:
-            return False
-    return False
-
-
-def resolve_deepspeed_tag(
-    save_dir: str, tag: str | None, *, universal: bool = False, missing_ok: bool = False
-) -> str | None:
-    """The tag to load from a DeepSpeed save directory (DeepSpeed's rules, with clear errors).
-
-    ``tag`` None reads ``latest`` (``latest_universal`` with ``universal``, as DeepSpeed's
-    ``checkpoint.load_universal``).
-
-    Returns:
-        The tag; None only with ``missing_ok`` when there is no ``latest`` file (nothing to resume).
-
-    Raises:
-        CheckpointNotFoundError: no such directory or tag; no ``latest_universal`` with ``universal``; no
-            ``latest`` without ``missing_ok``.
-        CheckpointError: ``save_dir`` is a file or a tag directory; an empty ``latest``; a universal
-            (``ds_to_universal``) tag, which dscore does not need.
-    """
-    d = os.path.abspath(save_dir)
-    if not os.path.exists(d):
-        raise CheckpointNotFoundError(f"checkpoint directory {d} does not exist")
-    if not os.path.isdir(d):
-        raise CheckpointError(f"{d} is a file; pass the directory given to DeepSpeed's save_checkpoint")
-    if looks_like_deepspeed_tag_dir(d):
-        parent, name = os.path.split(d)
-        raise CheckpointError(
-            f"{d} is a DeepSpeed checkpoint tag directory, not a save directory; use "
-            f"load_checkpoint({parent!r}, tag={name!r})"
-        )
-    if tag is None:
-        marker = "latest_universal" if universal else "latest"
-        path = os.path.join(d, marker)
-        try:
-            with open(path, encoding="utf-8") as f:
-                tag = f.read().strip()
-        except FileNotFoundError:
-            tags = sorted(n for n in os.listdir(d) if looks_like_deepspeed_tag_dir(os.path.join(d, n)))
-            if universal:
-                raise CheckpointNotFoundError(
-                    f'"checkpoint": {{"load_universal": true}} reads the tag from {path}, which does not exist '
-                    f"(DeepSpeed tags here: {', '.join(tags) or 'none'}). dscore loads DeepSpeed ZeRO checkpoints "
-                    "at any world size and stage directly: set checkpoint.load_universal to false, or pass tag=..."
-                ) from None
-            if missing_ok:
-                return None
-            raise CheckpointNotFoundError(
-                f"{d} has no '{marker}' file; pass tag=... (DeepSpeed tags here: {', '.join(tags) or 'none'})"
-            ) from None
-        if not tag:
-            raise CheckpointError(f"{path} is empty; pass tag=...")
-    tag = str(tag)
-    if "/" in tag or tag in (".", "..") or "\0" in tag:
-        raise CheckpointError(f"invalid checkpoint tag {tag!r}: a tag is one directory name")
-    tag_dir = os.path.join(d, tag)
-    if not os.path.isdir(tag_dir):
-        tags = sorted(n for n in os.listdir(d) if looks_like_deepspeed_tag_dir(os.path.join(d, n)))
-        raise CheckpointNotFoundError(
-            f"checkpoint tag {tag!r} does not exist in {d} (DeepSpeed tags here: {', '.join(tags) or 'none'})"
-        )
-    if os.path.isdir(os.path.join(tag_dir, "zero")):
-        raise CheckpointError(
-            f"{tag_dir} is a DeepSpeed universal checkpoint (ds_to_universal output, a 'zero/' folder); dscore reads "
-            "the original ZeRO checkpoint at any world size and stage instead: load that directory with "
-            "checkpoint.load_universal false"
-        )
-    return tag
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A run of ``numel`` elements of parameter ``name``'s flattened value, elements ``[dst, dst+numel)``,
-    stored at ``[src, src+numel)`` of flat source ``slot`` (a group or sub-group index) of one shard."""
-
-    name: str
-    slot: int
-    src: int
-    dst: int
-    numel: int
-
-
-@dataclass
-class Shard:
-    """One file holding flat fp32 masters and optimizer moments, and how to read them.
-
-    ``kind``: ``"zero12"`` (``single_partition_of_fp32_groups``), ``"zero3"`` (``fp32_flat_groups``),
-    ``"flat0"`` (stage-0 ``fp32_groups_flat``), ``"torch0"`` (stage-0 torch-style, one slot per param).
-    """
-
-    path: str
-    rank: int
-    kind: str
-    pieces: list[Piece] = field(default_factory=list)
-
-
-@dataclass
-class ParamInfo:
-    """A trainable parameter: its (first) module name, full shape and optimizer group index."""
-
-    name: str
-    shape: tuple[int, ...]
-    group: int
-
-    @property
-    def numel(self) -> int:
-        return int(math.prod(self.shape))
-
-
-def _bad(path: str, what: str) -> CheckpointError:
-    return CheckpointError(f"{path}: {what}; this does not look like a DeepSpeed 0.19-style checkpoint dscore can read")
-
-
-def _optimizer_sd(obj: Any, path: str) -> dict[str, Any]:
-    if not isinstance(obj, dict) or not isinstance(obj.get("optimizer_state_dict"), dict):
-        raise _bad(path, "no 'optimizer_state_dict' dict")
-    return obj["optimizer_state_dict"]
-
-
-def _base_groups(osd: dict[str, Any], path: str) -> tuple[dict[int, dict[str, Any]], list[dict[str, Any]] | None]:
-    """``(moment state per slot, param_groups or None)`` of ``base_optimizer_state`` (dict or elastic list)."""
-    base = osd.get("base_optimizer_state", osd.get("optimizer_state_dict"))
-    if isinstance(base, dict):
-        state = base.get("state", {})
-        groups = base.get("param_groups")
-        if not isinstance(state, dict):
-            raise _bad(path, "base_optimizer_state['state'] is not a dict")
-        return {int(k): v for k, v in state.items()}, groups if isinstance(groups, list) else None
-    if isinstance(base, list):  # elastic checkpoint: one state dict per group
-        return {i: s for i, s in enumerate(base)}, None
-    if base is None:
-        return {}, None
-    raise _bad(path, f"base_optimizer_state is a {type(base).__name__}")
-
-
-def scaler_state(osd: dict[str, Any]) -> dict[str, Any] | None:
-    """DeepSpeed's loss-scaler state in dscore's ``LossScaler.state_dict()`` form, or None.
-
-    ZeRO files hold a ``LossScaler``/``DynamicLossScaler`` object under ``loss_scaler``; stage-0
-    FP16_Optimizer files hold ``dynamic_loss_scale``/``cur_scale``/``cur_iter``/``last_overflow_iter``.
-    """
-    obj = osd.get("loss_scaler")
-    if isinstance(obj, DSLossScaler):
-        d = obj.as_dict()
-        dynamic = bool(d.get("dynamic", False))
-        out: dict[str, Any] = {"dynamic": dynamic, "cur_scale": float(d.get("cur_scale", 1.0))}
-        if dynamic:
-            out.update(
-                cur_iter=int(d.get("cur_iter", 0)),
-                last_overflow_iter=int(d.get("last_overflow_iter", -1)),
-                cur_hysteresis=int(d.get("cur_hysteresis", d.get("delayed_shift", 1))),
-            )
-        return out
-    if "cur_scale" in osd:
-        dynamic = bool(osd.get("dynamic_loss_scale", False))
-        out = {"dynamic": dynamic, "cur_scale": float(osd["cur_scale"])}
-        if dynamic:
-            last = osd.get("last_overflow_iter", -1)
-            out.update(cur_iter=int(osd.get("cur_iter", 0)), last_overflow_iter=int(-1 if last is None else last))
-        return out
-    return None
+__all__ = ["DeepSpeedCheckpoint", "ordered"]
 
 
 class DeepSpeedCheckpoint:
@@ -342,25 +94,25 @@ class DeepSpeedCheckpoint:
     def _scan(self) -> None:
         names = sorted(os.listdir(self.tag_dir))
         td = self.tag_dir
-        pipe = [n for n in names if _PIPE_RE.match(n)]
+        pipe = [n for n in names if PIPE_RE.match(n)]
         if pipe:
             raise CheckpointError(
                 f"{td} holds pipeline-parallel layer files ({', '.join(pipe[:4])}{' ...' if len(pipe) > 4 else ''}); "
                 "dscore reads data-parallel (ZeRO) DeepSpeed checkpoints only"
             )
-        moe = [n for n in names if _MOE_RE.search(n) and n.endswith(".pt")]
+        moe = [n for n in names if MOE_RE.search(n) and n.endswith(".pt")]
         if moe:
             raise CheckpointError(
                 f"{td} holds expert-parallel (MoE) files ({', '.join(moe[:4])}); dscore reads data-parallel (ZeRO) "
                 "DeepSpeed checkpoints only"
             )
-        model0 = [n for n in names if _MODEL_RE.match(n)]
-        z3model = [n for n in names if _Z3_MODEL_RE.match(n)]
-        optim = [n for n in names if _OPTIM_RE.match(n)]
+        model0 = [n for n in names if MODEL_RE.match(n)]
+        z3model = [n for n in names if _Z3MODEL_RE.match(n)]
+        optim = [n for n in names if OPTIM_RE.match(n)]
         mp = sorted(
-            {int(m.group(1)) for n in model0 if (m := _MODEL_RE.match(n))}
-            | {int(m.group(2)) for n in z3model if (m := _Z3_MODEL_RE.match(n))}
-            | {int(m.group(3)) for n in optim if (m := _OPTIM_RE.match(n))}
+            {int(m.group(1)) for n in model0 if (m := MODEL_RE.match(n))}
+            | {int(m.group(2)) for n in z3model if (m := _Z3MODEL_RE.match(n))}
+            | {int(m.group(3)) for n in optim if (m := OPTIM_RE.match(n))}
         )
         if mp and mp != [0]:
             others = [n for n in names if re.search(r"mp_rank_(?!00_)\d+", n)]
@@ -376,7 +128,7 @@ class DeepSpeedCheckpoint:
             )
         by_rank: dict[int, str] = {}
         for n in optim:
-            m = _OPTIM_RE.match(n)
+            m = OPTIM_RE.match(n)
             assert m is not None
             r = int(m.group(2))
             if r in by_rank:
@@ -385,7 +137,7 @@ class DeepSpeedCheckpoint:
                 )
             by_rank[r] = n
         self.optim_files = by_rank
-        self.z3_model_files = {int(m.group(1)): n for n in z3model if (m := _Z3_MODEL_RE.match(n))}
+        self.z3_model_files = {int(m.group(1)): n for n in z3model if (m := _Z3MODEL_RE.match(n))}
         self.model_file = os.path.join(td, model0[0] if model0 else self.z3_model_files.get(0, z3model[0]))
 
     def _rank_files(self, files: dict[int, str], ws: int, what: str, pattern: str) -> list[str]:
@@ -407,7 +159,7 @@ class DeepSpeedCheckpoint:
     def _parse(self) -> None:
         ms = safe_load(self.model_file)
         if not isinstance(ms, dict) or "module" not in ms:
-            raise _bad(self.model_file, "no 'module' entry")
+            raise bad_file(self.model_file, "no 'module' entry")
         self.model_state = ms
         path = self.model_file
         dims = ms.get("checkpoint_parallel_dimensions") or {}
@@ -423,7 +175,7 @@ class DeepSpeedCheckpoint:
             )
         module = ms["module"]
         if not isinstance(module, dict):
-            raise _bad(path, f"'module' is a {type(module).__name__}, expected a state dict")
+            raise bad_file(path, f"'module' is a {type(module).__name__}, expected a state dict")
         self.module = module
         self.module_keys = list(module.keys())
         self.buffer_names = [str(b) for b in (ms.get("buffer_names") or [])]
@@ -525,7 +277,7 @@ class DeepSpeedCheckpoint:
         if "fp32_groups_flat" in opt or "fp32_groups" in opt:
             inner = opt.get("optimizer_state_dict")
             if not isinstance(inner, dict):
-                raise _bad(path, "the stage-0 optimizer has no 'optimizer_state_dict'")
+                raise bad_file(path, "the stage-0 optimizer has no 'optimizer_state_dict'")
             self.group_hypers = inner.get("param_groups")
             if "fp32_groups_flat" in opt:
                 flats = opt["fp32_groups_flat"]
@@ -533,7 +285,7 @@ class DeepSpeedCheckpoint:
                 i = 0
                 for g, flat in enumerate(flats):
                     if not isinstance(flat, torch.Tensor):
-                        raise _bad(path, f"fp32_groups_flat[{g}] is not a tensor")
+                        raise bad_file(path, f"fp32_groups_flat[{g}] is not a tensor")
                     off = 0
                     while off < flat.numel() and i < len(names):
                         n = names[i]
@@ -571,7 +323,7 @@ class DeepSpeedCheckpoint:
         # torch-style optimizer state dict: state and params by index in param_groups order
         groups = opt.get("param_groups")
         if not isinstance(groups, list):
-            raise _bad(path, "the stage-0 optimizer state has no 'param_groups' list")
+            raise bad_file(path, "the stage-0 optimizer state has no 'param_groups' list")
         self.group_hypers = groups
         index_group: dict[int, int] = {}
         for g, grp in enumerate(groups):
@@ -610,7 +362,7 @@ class DeepSpeedCheckpoint:
         )
         shapes = ms.get("param_shapes")
         if not isinstance(shapes, list) or not shapes:
-            raise _bad(self.model_file, "a ZeRO checkpoint without 'param_shapes'")
+            raise bad_file(self.model_file, "a ZeRO checkpoint without 'param_shapes'")
         order: list[ParamInfo] = []
         for g, grp in enumerate(shapes):
             for n, s in grp.items():
@@ -620,7 +372,7 @@ class DeepSpeedCheckpoint:
         filled: dict[str, int] = {}
         stage = None
         for r, fpath in enumerate(files):
-            osd = _optimizer_sd(safe_load(fpath), fpath)
+            osd = optimizer_sd(safe_load(fpath), fpath)
             stage_r = osd.get("zero_stage")
             stage = int(stage_r) if stage_r is not None else (stage if stage is not None else 2)
             pc = osd.get("partition_count")
@@ -632,7 +384,7 @@ class DeepSpeedCheckpoint:
                 )
             if r == 0:
                 self.loss_scaler = scaler_state(osd)
-                _, self.group_hypers = _base_groups(osd, fpath)
+                _, self.group_hypers = base_groups(osd, fpath)
             parts = osd.get("single_partition_of_fp32_groups")
             maps = osd.get("param_slice_mappings")
             if (
@@ -641,16 +393,16 @@ class DeepSpeedCheckpoint:
                 or len(parts) != len(shapes)
                 or len(maps) != len(shapes)
             ):
-                raise _bad(fpath, "single_partition_of_fp32_groups / param_slice_mappings missing or not one per group")
+                raise bad_file(fpath, "single_partition_of_fp32_groups / param_slice_mappings missing or not one per group")
             shard = Shard(fpath, r, "zero12")
             for g, (part, mapping) in enumerate(zip(parts, maps)):
                 if not isinstance(part, torch.Tensor):
-                    raise _bad(fpath, f"single_partition_of_fp32_groups[{g}] is not a tensor")
+                    raise bad_file(fpath, f"single_partition_of_fp32_groups[{g}] is not a tensor")
                 for n, frag in mapping.items():
                     if isinstance(frag, dict) and set(frag) == {"start", "numel"}:  # dscore's writer: plain dicts
                         frag = DSFragment.of(int(frag["start"]), int(frag["numel"]))
                     if not isinstance(frag, DSFragment):
-                        raise _bad(fpath, f"param_slice_mappings[{g}][{n!r}] is a {type(frag).__name__}")
+                        raise bad_file(fpath, f"param_slice_mappings[{g}][{n!r}] is a {type(frag).__name__}")
                     if n not in by_name:
                         raise CheckpointError(f"{fpath} holds a slice of {n!r}, which {self.model_file} does not list")
                     if frag.start + frag.numel > part.numel():
@@ -679,7 +431,7 @@ class DeepSpeedCheckpoint:
         )
         shapes = ms.get("param_shapes")
         if not isinstance(shapes, list) or not shapes:
-            raise _bad(self.model_file, "a ZeRO-3 checkpoint without 'param_shapes'")
+            raise bad_file(self.model_file, "a ZeRO-3 checkpoint without 'param_shapes'")
         order = [ParamInfo(str(n), tuple(int(x) for x in s), g) for g, grp in enumerate(shapes) for n, s in grp.items()]
         self.params = order
         # frozen parameters: every rank's model file holds its slice
@@ -699,7 +451,7 @@ class DeepSpeedCheckpoint:
                     shard.pieces.append(Piece(n, 0, 0, r * per, take))
                 self.frozen_pieces.append(shard)
         for r, fpath in enumerate(files):
-            osd = _optimizer_sd(safe_load(fpath), fpath)
+            osd = optimizer_sd(safe_load(fpath), fpath)
             pc = osd.get("partition_count")
             if pc is not None and int(pc if not isinstance(pc, list) else pc[0]) != ws:
                 raise CheckpointError(
@@ -707,11 +459,11 @@ class DeepSpeedCheckpoint:
                 )
             if r == 0:
                 self.loss_scaler = scaler_state(osd)
-                _, self.group_hypers = _base_groups(osd, fpath)
+                _, self.group_hypers = base_groups(osd, fpath)
                 self._subgroups_to_groups(shapes, fpath)
             flats = osd.get("fp32_flat_groups")
             if not isinstance(flats, list) or not all(isinstance(t, torch.Tensor) for t in flats):
-                raise _bad(fpath, "no 'fp32_flat_groups' list of tensors")
+                raise bad_file(fpath, "no 'fp32_flat_groups' list of tensors")
             bounds = []
             total = 0
             for t in flats:

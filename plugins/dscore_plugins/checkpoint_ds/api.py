@@ -25,14 +25,14 @@ import logging
 import os
 from typing import Any
 
-from dscore.checkpoint.deepspeed._layout import (
-    DeepSpeedCheckpoint,
+from dscore.errors import CheckpointError
+from dscore_plugins.checkpoint_ds._detect import (
     is_deepspeed_checkpoint,
     looks_like_deepspeed_tag_dir,
     resolve_deepspeed_tag,
 )
-from dscore.checkpoint.deepspeed._unpickle import ALLOWED_DEEPSPEED_GLOBALS, safe_load
-from dscore.errors import CheckpointError
+from dscore_plugins.checkpoint_ds._layout import DeepSpeedCheckpoint
+from dscore_plugins.checkpoint_ds._unpickle import ALLOWED_DEEPSPEED_GLOBALS, safe_load
 
 __all__ = [
     "ALLOWED_DEEPSPEED_GLOBALS",
@@ -57,7 +57,7 @@ def import_checkpoint(ds_dir: str | os.PathLike[str], out_dir: str | os.PathLike
     Raises:
         CheckpointNotFoundError / CheckpointError: see :class:`DeepSpeedCheckpoint`.
     """
-    from dscore.checkpoint.deepspeed._convert import import_checkpoint as _import
+    from dscore_plugins.checkpoint_ds._convert import import_checkpoint as _import
 
     return _import(DeepSpeedCheckpoint(ds_dir, tag), out_dir)
 
@@ -73,7 +73,7 @@ def export_fp32(
     """
     import torch
 
-    from dscore.checkpoint.deepspeed._convert import export_consolidated
+    from dscore_plugins.checkpoint_ds._convert import export_consolidated
 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if dtype not in dtypes:
@@ -84,7 +84,7 @@ def export_fp32(
 def get_fp32_state_dict_from_deepspeed(ds_dir: str | os.PathLike[str], tag: str | None = None) -> dict[str, Any]:
     """The consolidated module state dict of a DeepSpeed checkpoint with fp32 parameters (CPU), in memory
     (DeepSpeed's ``get_fp32_state_dict_from_zero_checkpoint``)."""
-    from dscore.checkpoint.deepspeed._convert import full_state
+    from dscore_plugins.checkpoint_ds._convert import full_state
 
     ck = DeepSpeedCheckpoint(ds_dir, tag)
     return dict(full_state(ck, optimizer=False)["module"])
@@ -161,7 +161,7 @@ def read_for_engine(
     """Read and validate a DeepSpeed checkpoint for ``engine``; nothing is applied here.
 
     Returns:
-        The structure :func:`dscore.checkpoint.load_checkpoint` applies: ``{"manifest": {"world_size",
+        The structure :func:`dscore.persistence.load_checkpoint` applies: ``{"manifest": {"world_size",
         "format": "deepspeed"}, "module", "engine", "client", "optim" (unless ``load_module_only``), "rank":
         None (DeepSpeed stores no RNG state), "load_path"}``.
 
@@ -169,7 +169,7 @@ def read_for_engine(
         CheckpointNotFoundError / CheckpointError: anything wrong with the directory, its files, or the fit
             with ``engine`` (named).
     """
-    from dscore.checkpoint.deepspeed._convert import client_state, engine_state, full_state, to_dscore_optim
+    from dscore_plugins.checkpoint_ds._convert import client_state, engine_state, full_state, to_dscore_optim
 
     ck = DeepSpeedCheckpoint(load_dir, tag, universal=universal)
     want_opt = not load_module_only

@@ -20,7 +20,7 @@ with DeepSpeed's keys and partitioning (``deepspeed/runtime/engine.py`` ``_save_
 partition, ``partition_count``, ``group_paddings`` and ``param_slice_mappings``; ZeRO-3 files hold
 ``fp32_flat_groups`` (per parameter ``ceil(numel / world_size)`` elements, rank ``r``'s slice, in
 ``param_shapes`` order). So DeepSpeed's ``zero_to_fp32.py`` and Lightning's converter read them, and
-dscore reads them back with its safe loader (:mod:`dscore.checkpoint.deepspeed`).
+dscore reads them back with its safe loader (:mod:`dscore_plugins.checkpoint_ds.api`).
 
 Written without DeepSpeed classes: no loss-scaler object (the layout is written for fp32 and bf16 runs;
 fp16 is refused), ``param_slice_mappings`` entries are ``{"start", "numel"}`` dicts instead of DeepSpeed's

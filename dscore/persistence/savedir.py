@@ -14,7 +14,7 @@ A tag directory only ever appears under its final name complete: it is assembled
 temporary name and renamed (exchanged, when the tag already exists) in one step after every rank
 finished writing and ``_COMPLETE`` is in it. ``latest`` is replaced by rename after that.
 
-Pipeline checkpoints (the pipeline engine plugin's, through :mod:`dscore.checkpoint.atomic`) hold other file
+Pipeline checkpoints (the pipeline engine plugin's, through this public module) hold other file
 names but follow the same rules through the same helpers (the phases of a save, :func:`resolve_tag`); their ``_COMPLETE`` says
 ``"kind": "pipeline"`` (absent: ``"standard"``), so each engine refuses the other's checkpoints by name.
 """

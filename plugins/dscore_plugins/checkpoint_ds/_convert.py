@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from dscore.checkpoint import _layout as L
-from dscore.checkpoint._tensorfile import DTYPE_CODES
-from dscore.checkpoint._tree import encode
-from dscore.checkpoint.deepspeed._layout import DeepSpeedCheckpoint, Shard
-from dscore.checkpoint.deepspeed._unpickle import safe_load
 from dscore.errors import CheckpointError
+from dscore.persistence import savedir as L
+from dscore.persistence.tensorfile import DTYPE_CODES
+from dscore.persistence.tree import encode
+from dscore_plugins.checkpoint_ds._layout import DeepSpeedCheckpoint, Shard
+from dscore_plugins.checkpoint_ds._unpickle import safe_load
 
 __all__ = ["export_consolidated", "full_state", "import_checkpoint", "to_dscore_optim"]
 
@@ -291,7 +291,7 @@ def engine_state(ck: DeepSpeedCheckpoint, gas: int) -> dict[str, Any]:
 class _StreamFile:
     """A safetensors file whose header is fixed first and whose tensors are filled by offset (pwrite).
 
-    Same layout rules as :func:`dscore.checkpoint._tensorfile.write_tensor_file` (ordered by element size
+    Same layout rules as :func:`dscore.persistence.tensorfile.write_tensor_file` (ordered by element size
     then name; 8-byte aligned data section), so dscore's reader and ``safetensors`` read it.
     """
 
@@ -504,7 +504,7 @@ def import_checkpoint(ck: DeepSpeedCheckpoint, out_dir: str | os.PathLike[str], 
 
 
 def _write_import(ck: DeepSpeedCheckpoint, tmp_dir: str, tag_text: str) -> dict[str, int]:
-    from dscore.checkpoint._tensorfile import write_tensor_file
+    from dscore.persistence.tensorfile import write_tensor_file
 
     meta_base = {"format": L.FORMAT, "format_version": str(L.FORMAT_VERSION)}
     written: dict[str, int] = {}

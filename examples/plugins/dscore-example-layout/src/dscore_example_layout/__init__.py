@@ -1,0 +1,1 @@
+"""dscore-example-layout: a checkpoint layout with one safetensors shard per rank plus a manifest."""
