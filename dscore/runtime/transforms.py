@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from dscore.errors import ComponentNotFoundError, ConfigError
+from dscore.errors import ComponentNotFoundError, ConfigError, DscoreError
 from dscore.protocols.transform import ModelTransform, PrepareContext, StageInputs, TransformContext, VerifyContext
 from dscore.specs import ModelTransformSpec, resolve
 
@@ -143,6 +143,9 @@ def verify_transforms(runtime: Runtime, cfg: DscoreConfig, *, engine_name: str, 
     Raises:
         ConfigError: the engine did not apply a transform (as the transform's ``verify``).
     """
+    mesh = runtime.mesh
+    if mesh is None:
+        raise DscoreError("verify_transforms runs after dscore.initialize built the mesh (runtime.mesh is None)")
     for spec, obj in enabled_transforms(runtime.registry, cfg):
         ctx: VerifyContext[Any] = VerifyContext(
             engine_name=engine_name,
@@ -151,7 +154,7 @@ def verify_transforms(runtime: Runtime, cfg: DscoreConfig, *, engine_name: str, 
             config=cfg,
             section=_section(cfg, spec),
             path=spec.config_key or "",
-            mesh=runtime.mesh,
+            mesh=mesh,
         )
         obj.verify(ctx)
 
