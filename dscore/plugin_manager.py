@@ -79,6 +79,7 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("monitors", "dscore_plugins.monitor.plugin"),
     ("ops", "dscore_plugins.ops.plugin"),
     ("optimizers", "dscore_plugins.optim.plugin"),
+    ("parallel", "dscore_plugins.parallel.plugin"),
     ("precision", "dscore_plugins.precision.plugin"),
     ("profiling", "dscore_plugins.profiling.plugin"),
     ("zero", "dscore_plugins.zero.plugin"),

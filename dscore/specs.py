@@ -371,17 +371,23 @@ class ModelTransformSpec(ComponentSpec):
     Attributes:
         transform: import string of the transform object (``dscore.protocols.ModelTransform``):
             ``enabled(config) -> bool`` (cheap, no collectives) and ``apply(ctx) -> None`` that rewrites
-            ``ctx.model`` / ``ctx.model_parameters`` in place of the plain model.
+            ``ctx.model`` / ``ctx.model_parameters`` in place of the plain model (optional steps: ``prepare``,
+            ``adjust_stage``, ``wrap_stage``, ``verify``). A class is instantiated with no arguments.
         config_key: the ds_config section it owns (``"tensor_parallel"``), registered by the same plugin
             through a :class:`ConfigSectionSpec`; None when it reads only core keys.
         order: transforms run in ascending order (ties by name); the built-ins use 100 (AutoTP), 200
             (AutoEP), 300 (Ulysses) and 400 (activation checkpointing) so a third party can go between.
+        mesh_dims: the device-mesh dimensions whose degree this transform gives a meaning to (``"tp"`` for
+            AutoTP, ``"sp"`` for Ulysses): a config with ``tensor_parallel.autotp_size`` /
+            ``sequence_parallel_size`` above 1 and no active, enabled transform declaring that dimension is
+            refused (so a disabled transform never trains as if the mesh were plain).
     """
 
     kind: ClassVar[str] = "model_transform"
     transform: str
     config_key: str | None = None
     order: int = 1000
+    mesh_dims: tuple[str, ...] = ()
 
 
 #: kind name -> spec class, in the order ``dscore plugins list`` shows them.

@@ -48,6 +48,8 @@ def _offload_device(zero: Any, name: str) -> str | None:
 
 def summary(cfg: DscoreConfig) -> dict[str, Any]:
     """The resolved values ``dscore config check --json`` prints (see the module docstring)."""
+    from dscore.parallel.mesh import raw_mesh_degrees  # the mesh degrees (tensor_parallel is a plugin's section)
+
     zero = cfg.section("zero_optimization", None)
     return {
         "source": cfg.source_name,
@@ -62,7 +64,7 @@ def summary(cfg: DscoreConfig) -> dict[str, Any]:
         "optimizer_type": cfg.optimizer.type if cfg.optimizer is not None else None,
         "scheduler_type": cfg.scheduler.type if cfg.scheduler is not None else None,
         "gradient_clipping": cfg.gradient_clipping,
-        "tensor_parallel_size": cfg.tensor_parallel.size,
+        "tensor_parallel_size": raw_mesh_degrees(cfg.raw)[0],
         "sequence_parallel_size": cfg.sequence_parallel_size,
         "offload_optimizer_device": _offload_device(zero, "offload_optimizer"),
         "offload_param_device": _offload_device(zero, "offload_param"),

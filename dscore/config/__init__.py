@@ -14,7 +14,8 @@ Plugins declare their sections with :class:`dscore.config.base.SectionModel` (or
 
 from __future__ import annotations
 
-from dscore.config.activation_checkpointing import ActivationCheckpointingConfig
+from typing import Any
+
 from dscore.config.arguments import add_config_arguments
 from dscore.config.base import (
     MODEL_AUTO_FORMULAS,
@@ -61,3 +62,12 @@ __all__ = [
     "PluginsConfig",
     "ActivationCheckpointingConfig",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # the section model of the parallel plugin's activation_checkpointing unit, resolved on first access
+    if name == "ActivationCheckpointingConfig":
+        from dscore.config.activation_checkpointing import ActivationCheckpointingConfig
+
+        return ActivationCheckpointingConfig
+    raise AttributeError(f"module 'dscore.config' has no attribute {name!r}")

@@ -195,6 +195,22 @@ PLUGIN_SECTION_KEYS: dict[str, KeyPolicy] = {
     "comet": KeyPolicy("the Comet monitor", False, _enabled_effect),
     "comms_logger": KeyPolicy("the communication logger", False, _enabled_effect),
     "flops_profiler": KeyPolicy("the flops profiler", False, _enabled_effect),
+    "tensor_parallel": KeyPolicy("AutoTP tensor parallelism", False, _greater_than_one("autotp_size")),
+    "expert_parallel": KeyPolicy("AutoEP expert parallelism", False, _enabled_effect),
+    "activation_checkpointing": KeyPolicy(
+        "activation checkpointing settings",
+        False,
+        _non_default(
+            {
+                "partition_activations": False,
+                "contiguous_memory_optimization": False,
+                "cpu_checkpointing": False,
+                "number_checkpoints": None,
+                "synchronize_checkpoint_boundary": False,
+                "profile": False,
+            }
+        ),
+    ),
 }
 
 #: Sections that configure a monitor: enabling one needs a registered MonitorSpec with that config_key.

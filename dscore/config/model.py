@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, StrictBool, create_model, field_validator
 
-from dscore.config.activation_checkpointing import ActivationCheckpointingConfig
 from dscore.config.base import (
     MODEL_AUTO_FORMULAS,
     NonNegativeFloat,
@@ -24,8 +23,6 @@ from dscore.config.base import (
     no_effect,
     not_implemented,
 )
-from dscore.config.expert_parallel import ExpertParallelConfig
-from dscore.config.parallel import TensorParallelConfig
 from dscore.errors import ConfigError, PluginConflictError, PluginLoadError
 from dscore.specs import ConfigSectionSpec
 
@@ -236,15 +233,12 @@ class DscoreConfig(SectionModel):
     """Checkpoint options."""
     data_types: DataTypesConfig = Field(default_factory=DataTypesConfig)
     """dtype options."""
-    activation_checkpointing: ActivationCheckpointingConfig = Field(default_factory=ActivationCheckpointingConfig)
-    """Settings of :func:`dscore.checkpointing.checkpoint` (applied by ``dscore.initialize``)."""
-    tensor_parallel: TensorParallelConfig = TensorParallelConfig()
-    """AutoTP training: Linear layers split over a tensor-parallel group (:mod:`dscore.parallel.autotp`)."""
-    expert_parallel: ExpertParallelConfig = ExpertParallelConfig()
-    """AutoEP: Hugging Face MoE blocks made expert-parallel (:mod:`dscore.moe.autoep`)."""
     sequence_parallel_size: PositiveInt = 1
-    """Ulysses sequence-parallel degree (:mod:`dscore.parallel.ulysses`); the data-parallel size is
-    world / (sequence_parallel_size x tensor_parallel.autotp_size)."""
+    """Sequence-parallel degree of the device mesh (Ulysses, :mod:`dscore.parallel.ulysses`, gives it its
+    meaning); the data-parallel size is world / (sequence_parallel_size x tensor_parallel.autotp_size). A core
+    key because the mesh and the batch triangle read it before any model transform runs; the sections
+    ``tensor_parallel``, ``expert_parallel`` and ``activation_checkpointing`` belong to the built-in ``parallel``
+    plugin."""
     accelerator: str | None = None
     """dscore extension: the accelerator plugin to use (``cpu``, ``cuda``, ...); ``None`` = the
     ``DS_ACCELERATOR`` variable, else automatic selection."""

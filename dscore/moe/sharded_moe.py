@@ -41,7 +41,7 @@ from torch import nn
 
 from dscore.errors import ConfigError
 
-__all__ = ["MOELayer", "TopKGate", "top1gating", "top2gating", "topkgating"]
+__all__ = ["MOELayer", "TopKGate", "all_to_all", "top1gating", "top2gating", "topkgating"]
 
 
 class _AllToAll(torch.autograd.Function):
@@ -58,6 +58,15 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
         return None, _AllToAll.apply(ctx.comm, grad)
+
+
+def all_to_all(comm: Any, tensor: torch.Tensor) -> torch.Tensor:
+    """Differentiable ``all_to_all_single`` of ``tensor`` along dim 0 over ``comm`` (a
+    :class:`dscore.comm.Comm` of the expert-parallel group): dim 0 must divide by the group size, chunk ``i``
+    goes to rank ``i``; the result has the same shape and dtype. Its backward is the same exchange of the
+    gradient (an SDK building block of expert-parallel layers, :class:`MOELayer` and AutoEP's)."""
+    out: torch.Tensor = _AllToAll.apply(comm, tensor)
+    return out
 
 
 def _gumbel(shape: torch.Size, device: torch.device) -> torch.Tensor:

@@ -16,6 +16,8 @@ Kinds and their contracts:
 * precision: :class:`PrecisionMode`, :class:`LossScaler` (:mod:`dscore.protocols.precision`);
 * engine: :class:`Engine`, :class:`EngineContext`, the base class :class:`DscoreEngine`
   (:mod:`dscore.protocols.engine`);
+* model transform: :class:`ModelTransform`, :class:`PrepareContext`, :class:`TransformContext`,
+  :class:`StageInputs`, :class:`VerifyContext` (:mod:`dscore.protocols.transform`);
 * collectives: :class:`Comm` — every collective in dscore goes through it — and its async :class:`Work`
   handles (:mod:`dscore.comm`);
 * checkpoint layout: :class:`CheckpointLayout`, :class:`CheckpointSaveState`, :class:`CheckpointLoadRequest`,
@@ -57,6 +59,12 @@ _LAZY: dict[str, str] = {
     "CheckpointLoadRequest": "dscore.protocols.checkpoint:CheckpointLoadRequest",
     "CheckpointSaveState": "dscore.protocols.checkpoint:CheckpointSaveState",
     "LoadedCheckpoint": "dscore.protocols.checkpoint:LoadedCheckpoint",
+    # model transform
+    "ModelTransform": "dscore.protocols.transform:ModelTransform",
+    "PrepareContext": "dscore.protocols.transform:PrepareContext",
+    "TransformContext": "dscore.protocols.transform:TransformContext",
+    "StageInputs": "dscore.protocols.transform:StageInputs",
+    "VerifyContext": "dscore.protocols.transform:VerifyContext",
     # collectives
     "Comm": "dscore.comm.facade:Comm",
     "Work": "dscore.comm.facade:Work",
@@ -77,17 +85,22 @@ __all__ = [
     "GradientReducer",
     "LoadedCheckpoint",
     "LossScaler",
+    "ModelTransform",
     "MonitorContext",
     "OpaqueParams",
     "OptimizerContext",
     "PluginContext",
     "PrecisionContext",
     "PrecisionMode",
+    "PrepareContext",
     "ProbeResult",
     "ReduceBucket",
     "SchedulerContext",
+    "StageInputs",
     "StepOutcome",
     "TorchClassParams",
+    "TransformContext",
+    "VerifyContext",
     "Work",
     "ZeroStage",
     "ZeroStageContext",
@@ -115,6 +128,13 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from dscore.protocols.engine import Engine, EngineContext
     from dscore.protocols.precision import LossScaler, PrecisionMode
+    from dscore.protocols.transform import (
+        ModelTransform,
+        PrepareContext,
+        StageInputs,
+        TransformContext,
+        VerifyContext,
+    )
     from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
     from dscore.runtime.engine import DscoreEngine
     from dscore.zero.reducer import GradientReducer, ReduceBucket

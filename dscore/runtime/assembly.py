@@ -7,10 +7,11 @@ device mesh (:func:`build_mesh`) and asks the selected engine plugin to build it
 :func:`assemble`) are the functions of this module, so ``dscore.protocols`` reaches no private helper of
 ``initialize`` and nothing here imports ``initialize`` (no import circle).
 
-The mesh (:class:`dscore.parallel.mesh.ParallelMesh`) holds the data, sequence (Ulysses) and tensor
-(AutoTP) groups. :func:`assemble` splits the model for AutoTP (:mod:`dscore.parallel.autotp`) before the
-precision cast, hands the ZeRO stage the gradient group (sequence x data ranks), shards the data loader over
-the data-parallel ranks only, and gives the engine ``dp_world_size = world / (tp x sp)``.
+The mesh (:class:`dscore.parallel.mesh.ParallelMesh`) holds the data, sequence and tensor groups. :func:`assemble`
+runs every enabled model transform (:mod:`dscore.runtime.transforms`, in their ``order``; this module names
+none) before the precision cast, lets them adjust the ZeRO stage's inputs and wrap the stage, hands the stage
+the gradient group (sequence x data ranks), shards the data loader over the data-parallel ranks only, and
+gives the engine ``dp_world_size = world / (tp x sp)``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ import torch
 from dscore.errors import ConfigError, PluginLoadError, PluginValidationError
 from dscore.parallel.mesh import raw_mesh_degrees
 from dscore.protocols.precision import PrecisionMode
+from dscore.protocols.transform import StageInputs
 from dscore.protocols.zero import ZeroStage, ZeroStageContext
 from dscore.registry import Registry
 from dscore.runtime.dataloader import DscoreDataLoader
 from dscore.runtime.engine import DscoreEngine
 from dscore.runtime.optimizer_builder import build_lr_scheduler, choose_optimizer
 from dscore.runtime.placement import to_module
+from dscore.runtime.transforms import ActiveTransforms
 from dscore.specs import MonitorSpec, PrecisionSpec
 
 if TYPE_CHECKING:
@@ -66,8 +69,7 @@ def build_mesh(runtime: Runtime, cfg: DscoreConfig, mpu: Any = None) -> Parallel
     """
     from dscore.parallel.mesh import ParallelMesh
 
-    tp = cfg.tensor_parallel.size
-    sp = int(cfg.sequence_parallel_size)
+    tp, sp = raw_mesh_degrees(cfg.raw)  # validated by the sections that own the keys
     world = int(runtime.comm.get_world_size())
     if mpu is not None:
         if not isinstance(mpu, ParallelMesh):
@@ -134,56 +136,46 @@ def assemble(
     Returns ``(engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler)``.
 
     Raises:
-        ConfigError: as :func:`build_zero_stage`; AutoTP errors of :func:`dscore.parallel.autotp.apply_autotp`
-            (no layer split, a pattern matching nothing, a setting AutoTP cannot honour).
+        ConfigError: as :func:`build_zero_stage`; as a model transform's ``apply`` (AutoTP: no layer split, a
+            pattern matching nothing, a setting it cannot honour; AutoEP with TP/SP or an optimizer instance).
     """
     registry, accelerator, comm = runtime.registry, runtime.accelerator, runtime.comm
     rank = int(comm.get_rank())
     mesh = mesh_of(runtime)
     dp_world, dp_rank = mesh.dp_size, mesh.dp_rank
 
-    # 4. precision, tensor-parallel split, module placement
+    # 4. precision, model transforms (in their order), module placement
     precision = select_precision(cfg, registry)
     check_device_dtype(precision, accelerator)
-    if mesh.tp_size > 1:
-        from dscore.parallel.autotp import apply_autotp, check_tp_config, remap_parameters
-
-        check_tp_config(cfg, precision_name=precision.name, client_optimizer=client_optimizer)
-        apply_autotp(model, mesh, cfg.tensor_parallel)
-        model_parameters = remap_parameters(model, model_parameters)
-    if cfg.expert_parallel.enabled:
-        model_parameters = _apply_autoep(runtime, cfg, model, mesh, client_optimizer, model_parameters)
-    if mesh.sp_size > 1:
-        from dscore.parallel.ulysses import require_ulysses_attention
-
-        require_ulysses_attention(model, mesh.sp_size)
+    transforms = ActiveTransforms.apply(
+        runtime,
+        cfg,
+        mesh=mesh,
+        model=model,
+        model_parameters=model_parameters,
+        client_optimizer=client_optimizer,
+        precision=precision,
+    )
+    model_parameters = transforms.model_parameters
     to_module(model, device=accelerator.device())  # keeps Parameter objects (ties) on out-of-tree devices
     module = precision.prepare_module(model) or model
     stage_number = int(cfg.zero_stage)
     loss_scaler = precision.make_loss_scaler(zero_stage=stage_number)
 
-    # 5. optimizer, ZeRO stage, scheduler
+    # 5. optimizer, ZeRO stage (its inputs adjusted and the stage wrapped by the transforms), scheduler
     choice = choose_optimizer(cfg, registry, client_optimizer)
-    stage_cfg = cfg
-    if mesh.tp_size > 1:  # the tensor-parallel wrapper clips with the norm across shards
-        from dscore.parallel.autotp import split_groups_for_tp
-
-        model_parameters = split_groups_for_tp(param_groups(module, model_parameters, client_optimizer), module)
-        stage_cfg = cfg.model_copy(update={"gradient_clipping": 0.0})
+    inputs = transforms.adjust_stage(StageInputs(module=module, model_parameters=model_parameters, config=cfg))
     zero_stage = build_zero_stage(
         runtime,
-        stage_cfg,
-        module=module,
-        model_parameters=model_parameters,
+        inputs.config,
+        module=inputs.module,
+        model_parameters=inputs.model_parameters,
         client_optimizer=client_optimizer,
         precision=precision,
         loss_scaler=loss_scaler,
         comm=mesh.grad_comm,
     )
-    if mesh.tp_size > 1:
-        from dscore.parallel.autotp import wrap_stage
-
-        zero_stage = wrap_stage(zero_stage, module, mesh, clip=float(cfg.gradient_clipping))
+    zero_stage = transforms.wrap_stage(zero_stage, inputs)
     scheduler = build_lr_scheduler(
         cfg, registry, zero_stage.optimizer if choice.has_optimizer else None, client_lr_scheduler
     )
@@ -216,7 +208,7 @@ def assemble(
     )
     log.info(
         "engine ready: ZeRO stage %d, precision %s, optimizer %s, scheduler %s, data-parallel world %d "
-        "(sp %d, tp %d), micro batch %d, gradient accumulation %d",
+        "(sp %d, tp %d), model transforms %s, micro batch %d, gradient accumulation %d",
         stage_number,
         precision.name,
         choice.description,
@@ -224,45 +216,11 @@ def assemble(
         dp_world,
         mesh.sp_size,
         mesh.tp_size,
+        ", ".join(transforms.names) or "none",
         cfg.train_micro_batch_size_per_gpu,
         cfg.gradient_accumulation_steps,
     )
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
-
-
-def _apply_autoep(
-    runtime: Runtime,
-    cfg: DscoreConfig,
-    model: torch.nn.Module,
-    mesh: ParallelMesh,
-    client_optimizer: Any,
-    model_parameters: Iterable[Any] | None,
-) -> Any:
-    """AutoEP (``expert_parallel.enabled``): replace the model's MoE blocks (:mod:`dscore.moe.autoep`) and
-    return the parameters to optimize, expert parameters in optimizer groups of their own.
-
-    Raises:
-        ConfigError: with tensor / sequence parallelism or a client optimizer instance (each names its key),
-            or as :func:`dscore.moe.autoep.apply_autoep`.
-    """
-    from dscore.moe.autoep import apply_autoep, remap_parameters
-    from dscore.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
-    if mesh.tp_size > 1 or mesh.sp_size > 1:
-        raise ConfigError(
-            "expert_parallel.enabled with tensor_parallel.autotp_size > 1 or sequence_parallel_size > 1 (AutoEP "
-            "folding) is not implemented; AutoEP runs over the data-parallel ranks only",
-            path="expert_parallel.enabled",
-        )
-    if isinstance(client_optimizer, torch.optim.Optimizer):
-        raise ConfigError(
-            "expert_parallel.enabled with an optimizer instance: AutoEP replaces the expert weights the optimizer "
-            "holds; pass the optimizer through ds_config or as a callable (params -> optimizer)",
-            path="expert_parallel.enabled",
-        )
-    replaced = apply_autoep(model, cfg.expert_parallel, runtime.comm, mesh)
-    groups = param_groups(model, remap_parameters(model_parameters, replaced), None)
-    return split_params_into_different_moe_groups_for_optimizer(groups) if groups else groups
 
 
 def build_zero_stage(

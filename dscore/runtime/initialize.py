@@ -12,12 +12,16 @@ already initialised process group):
    ``sequence_parallel_size``));
 3. :meth:`dscore.runtime.runtime.Runtime.create` (accelerator, ``init_distributed``, plugin fingerprint
    check across ranks); the parallel mesh (:func:`dscore.runtime.assembly.build_mesh`, or ``mpu``);
+   before that, every enabled model transform's ``prepare`` (:mod:`dscore.runtime.transforms`: refusals,
+   activation checkpointing's settings);
 4. ``dscore_configure`` hook; the engine plugin builds itself (the standard one:
    :func:`dscore.runtime.assembly.assemble`): precision mode (the ``PrecisionSpec`` whose ``config_key``
-   block is enabled, else the default one); AutoTP split; module to the device and cast;
+   block is enabled, else the default one); every enabled model transform's ``apply`` in order (AutoTP,
+   AutoEP, Ulysses, ...); module to the device and cast;
 5. optimizer (client instance / callable / ``optimizer.type``); ZeRO stage object
    (``registry.zero_stage(config.zero_stage)``); LR scheduler over ``zero_stage.optimizer``;
-6. training data loader; monitors (rank 0, every enabled block); ``dscore_engine_created`` hook.
+6. training data loader; monitors (rank 0, every enabled block); each transform's ``verify`` of the built
+   engine; ``dscore_engine_created`` hook.
 
 Returns ``(engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler)`` like DeepSpeed.
 Nothing is cached between calls: two ``initialize`` calls in one process build two independent engines
@@ -38,6 +42,7 @@ from dscore.errors import ConfigError, DscoreError
 from dscore.plugin_manager import create_plugin_manager
 from dscore.registry import Registry
 from dscore.runtime.assembly import build_mesh, build_standard_engine, raw_mesh_degrees
+from dscore.runtime.transforms import prepare_transforms, refuse_missing_transforms, verify_transforms
 
 if TYPE_CHECKING:
     from dscore.runtime.engine import DscoreEngine
@@ -150,6 +155,8 @@ def initialize(
     if cfg.pending_auto:
         hidden = getattr(getattr(model, "config", None), "hidden_size", None)
         cfg = cfg.resolve_model_auto(hidden)  # raises ConfigError naming the paths when unknown
+    # a config needing a disabled model transform (or a mesh degree nothing implements) fails before the network
+    refuse_missing_transforms(registry, cfg, raw_mesh_degrees(cfg.raw))
 
     # 3. runtime: accelerator, process group, plugin fingerprint check
     from dscore.runtime.runtime import Runtime
@@ -163,19 +170,9 @@ def initialize(
     )
     if args is not None and getattr(args, "local_rank", None) is not None:
         args.local_rank = int(runtime.comm.get_local_rank())  # as DeepSpeed: the launcher's value wins
-    if "activation_checkpointing" in cfg.raw:  # a config without the block keeps an earlier configure()
-        from dscore import checkpointing
-
-        checkpointing.configure(deepspeed_config=cfg, accelerator=runtime.accelerator)
-    if model_grid is not None and (cfg.tensor_parallel.size > 1 or cfg.sequence_parallel_size > 1):
-        raise ConfigError(
-            "tensor_parallel.autotp_size / sequence_parallel_size cannot be combined with a pipeline model yet",
-            path="tensor_parallel.autotp_size" if cfg.tensor_parallel.size > 1 else "sequence_parallel_size",
-        )
-    if model_grid is not None and cfg.expert_parallel.enabled:
-        raise ConfigError(
-            "expert_parallel.enabled cannot be combined with a pipeline model yet", path="expert_parallel.enabled"
-        )
+    # every enabled model transform, in order: refuse what it cannot combine with (a pipeline model), set
+    # process-wide settings (activation checkpointing); a config without its block keeps an earlier configure()
+    prepare_transforms(runtime, cfg, model, pipeline_model=model_grid is not None)
     runtime.mesh = build_mesh(runtime, cfg, mpu=mpu)
     from dscore.runtime.context import use_runtime
 
@@ -198,9 +195,8 @@ def initialize(
             collate_fn=collate_fn,
         )
         engine = registry.load(engine_spec)(engine_ctx)
-        _check_engine_used_mesh(engine, engine_spec.name, runtime.mesh, model)
-        if cfg.expert_parallel.enabled:
-            _check_engine_used_autoep(engine_spec.name, model)
+        verify_transforms(runtime, cfg, engine_name=engine_spec.name, engine=engine, model=model)
+        _check_engine_used_mesh(engine, engine_spec.name, runtime.mesh)
         log.info("engine %s built (%s)", engine_spec.name, type(engine).__name__)
         runtime.plugin_manager.call("dscore_engine_created", engine=engine)
         return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
@@ -209,41 +205,19 @@ def initialize(
 # ---------------------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------------------
-def _check_engine_used_mesh(engine: Any, name: str, mesh: Any, model: Any) -> None:
-    """An engine plugin that ignores tensor/sequence parallelism must not train as if it did not exist.
+def _check_engine_used_mesh(engine: Any, name: str, mesh: Any) -> None:
+    """An engine plugin that ignores tensor/sequence parallelism must not train as if it did not exist
+    (whether it applied each model transform is the transform's ``verify``, run before this).
 
     Raises:
-        ConfigError: ``tensor_parallel.autotp_size > 1`` and the model was not split, or the engine's
-            data-parallel size is not the mesh's (names the engine).
+        ConfigError: the engine's data-parallel size is not the mesh's (names the engine).
     """
-    if mesh.tp_size > 1 and getattr(model, "_dscore_autotp", None) is None:
-        raise ConfigError(
-            f"the engine {name!r} did not apply tensor_parallel.autotp_size {mesh.tp_size} (the model is unsplit); "
-            "use the standard engine or call dscore.parallel.autotp.apply_autotp in the engine's factory",
-            path="tensor_parallel.autotp_size",
-        )
     dp = getattr(engine, "dp_world_size", None)
     if (mesh.tp_size > 1 or mesh.sp_size > 1) and dp is not None and int(dp) != mesh.dp_size:
         raise ConfigError(
             f"the engine {name!r} counts {dp} data-parallel ranks but the mesh has {mesh.dp_size} "
             f"(world / (tp {mesh.tp_size} x sp {mesh.sp_size})); build it with dp_world_size=runtime.mesh.dp_size",
             path="sequence_parallel_size" if mesh.sp_size > 1 else "tensor_parallel.autotp_size",
-        )
-
-
-def _check_engine_used_autoep(name: str, model: Any) -> None:
-    """An engine plugin that ignores ``expert_parallel`` must not train the unconverted model.
-
-    Raises:
-        ConfigError: ``expert_parallel.enabled`` and the model holds no AutoEP layer (names the engine).
-    """
-    from dscore.moe.autoep import AutoEPMoELayer
-
-    if not any(isinstance(m, AutoEPMoELayer) for m in model.modules()):
-        raise ConfigError(
-            f"the engine {name!r} did not apply expert_parallel (no MoE block was converted); use the standard "
-            "engine or call dscore.moe.autoep.apply_autoep in the engine's factory",
-            path="expert_parallel.enabled",
         )
 
 

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 import dscore
 from dscore import checkpointing as ck
-from dscore.checkpointing import CheckpointingError, function
+from dscore.checkpointing import CheckpointingError
+from dscore_plugins.parallel.checkpointing import function
 from dscore.config import load_config
 from dscore.errors import ConfigError
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch  # noqa: TID253 (this module is imported only when checkpoint() is first called)
 
-from dscore.checkpointing import CheckpointingError, CheckpointSettings
+from dscore_plugins.parallel.checkpointing.state import CheckpointingError, CheckpointSettings
 
 __all__ = ["run_checkpoint", "ContiguousPool"]
 

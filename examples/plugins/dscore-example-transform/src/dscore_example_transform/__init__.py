@@ -1,0 +1,1 @@
+"""An example dscore model transform: freeze the parameters whose names match the ``freeze`` section's patterns."""

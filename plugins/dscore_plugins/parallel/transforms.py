@@ -1,0 +1,177 @@
+"""The built-in model transforms (:class:`dscore.protocols.ModelTransform`): AutoTP, AutoEP, Ulysses and
+activation checkpointing, run by ``dscore.initialize`` in their spec's ``order`` (100, 200, 300, 400).
+
+This module is torch-free at import (``enabled`` reads the config only, so the core may ask a disabled
+unit whether a config needs it); each step imports its machinery when it runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dscore.errors import ConfigError
+from dscore.protocols.transform import ModelTransform, PrepareContext, StageInputs, TransformContext, VerifyContext
+
+if TYPE_CHECKING:
+    from dscore.config.model import DscoreConfig
+    from dscore.protocols.zero import ZeroStage
+    from dscore_plugins.parallel.config_ac import ActivationCheckpointingConfig
+    from dscore_plugins.parallel.config_ep import ExpertParallelConfig
+    from dscore_plugins.parallel.config_tp import TensorParallelConfig
+
+__all__ = ["AutoEPTransform", "AutoTPTransform", "ActivationCheckpointingTransform", "UlyssesTransform"]
+
+_PIPELINE_TP_SP = "tensor_parallel.autotp_size / sequence_parallel_size cannot be combined with a pipeline model yet"
+
+
+class AutoTPTransform(ModelTransform["TensorParallelConfig"]):
+    """``tensor_parallel.autotp_size > 1``: split the model's layers over the tensor-parallel group
+    (:mod:`dscore_plugins.parallel.autotp`), give the ZeRO stage split parameter groups without clipping and
+    wrap it in the :class:`~dscore_plugins.parallel.autotp.stage.TensorParallelStage` that clips exactly."""
+
+    def enabled(self, config: DscoreConfig) -> bool:
+        """True when ``tensor_parallel.autotp_size`` is above 1."""
+        block = config.section("tensor_parallel", None)
+        return block is not None and int(block.size) > 1
+
+    def prepare(self, ctx: PrepareContext[TensorParallelConfig]) -> None:
+        """Refuse a pipeline model (ConfigError at ``tensor_parallel.autotp_size``)."""
+        if ctx.pipeline_model:
+            raise ConfigError(_PIPELINE_TP_SP, path="tensor_parallel.autotp_size")
+
+    def apply(self, ctx: TransformContext[TensorParallelConfig]) -> None:
+        """Check the config against the precision and client optimizer, split the model, remap the parameters.
+
+        Raises:
+            ConfigError: as :func:`~dscore_plugins.parallel.autotp.plan.check_tp_config` and
+                :func:`~dscore_plugins.parallel.autotp.plan.apply_autotp`.
+        """
+        from dscore_plugins.parallel.autotp.plan import apply_autotp, check_tp_config, remap_parameters
+
+        check_tp_config(ctx.config, precision_name=ctx.precision.name, client_optimizer=ctx.client_optimizer)
+        apply_autotp(ctx.model, ctx.mesh, ctx.section)
+        ctx.model_parameters = remap_parameters(ctx.model, ctx.model_parameters)
+
+    def adjust_stage(self, ctx: TransformContext[TensorParallelConfig], inputs: StageInputs) -> StageInputs:
+        """Groups split into replicated / sharded halves; the stage clips nothing (the wrapper does)."""
+        from dscore.runtime.assembly import param_groups
+        from dscore_plugins.parallel.autotp.stage import split_groups_for_tp
+
+        groups = param_groups(inputs.module, inputs.model_parameters, ctx.client_optimizer)
+        return StageInputs(
+            module=inputs.module,
+            model_parameters=split_groups_for_tp(groups, inputs.module),
+            config=inputs.config.model_copy(update={"gradient_clipping": 0.0}),
+        )
+
+    def wrap_stage(self, ctx: TransformContext[TensorParallelConfig], stage: ZeroStage, inputs: StageInputs) -> ZeroStage:
+        """The stage wrapped for the tensor-parallel norm, clipping to the user's ``gradient_clipping``."""
+        from dscore_plugins.parallel.autotp.stage import wrap_stage
+
+        return wrap_stage(stage, inputs.module, ctx.mesh, clip=float(ctx.config.gradient_clipping))
+
+    def verify(self, ctx: VerifyContext[TensorParallelConfig]) -> None:
+        """Refuse an engine that left the model unsplit (ConfigError naming the engine)."""
+        if getattr(ctx.model, "_dscore_autotp", None) is None:
+            raise ConfigError(
+                f"the engine {ctx.engine_name!r} did not apply tensor_parallel.autotp_size {ctx.mesh.tp_size} (the "
+                "model is unsplit); use the standard engine or call dscore.parallel.autotp.apply_autotp in the "
+                "engine's factory",
+                path="tensor_parallel.autotp_size",
+            )
+
+
+class AutoEPTransform(ModelTransform["ExpertParallelConfig"]):
+    """``expert_parallel.enabled``: replace the model's MoE blocks by expert-parallel layers
+    (:mod:`dscore_plugins.parallel.autoep`), expert parameters in optimizer groups of their own."""
+
+    def enabled(self, config: DscoreConfig) -> bool:
+        """``expert_parallel.enabled``."""
+        block = config.section("expert_parallel", None)
+        return block is not None and bool(block.enabled)
+
+    def prepare(self, ctx: PrepareContext[ExpertParallelConfig]) -> None:
+        """Refuse a pipeline model (ConfigError at ``expert_parallel.enabled``)."""
+        if ctx.pipeline_model:
+            raise ConfigError(
+                "expert_parallel.enabled cannot be combined with a pipeline model yet", path="expert_parallel.enabled"
+            )
+
+    def apply(self, ctx: TransformContext[ExpertParallelConfig]) -> None:
+        """Convert the MoE blocks; ``ctx.model_parameters`` becomes groups with the experts split out.
+
+        Raises:
+            ConfigError: with tensor / sequence parallelism or a client optimizer instance (each names
+                ``expert_parallel.enabled``), or as :func:`~dscore_plugins.parallel.autoep.convert.apply_autoep`.
+        """
+        import torch
+
+        from dscore.moe.utils import split_params_into_different_moe_groups_for_optimizer
+        from dscore.runtime.assembly import param_groups
+        from dscore_plugins.parallel.autoep.convert import apply_autoep, remap_parameters
+
+        mesh = ctx.mesh
+        if mesh.tp_size > 1 or mesh.sp_size > 1:
+            raise ConfigError(
+                "expert_parallel.enabled with tensor_parallel.autotp_size > 1 or sequence_parallel_size > 1 (AutoEP "
+                "folding) is not implemented; AutoEP runs over the data-parallel ranks only",
+                path="expert_parallel.enabled",
+            )
+        if isinstance(ctx.client_optimizer, torch.optim.Optimizer):
+            raise ConfigError(
+                "expert_parallel.enabled with an optimizer instance: AutoEP replaces the expert weights the optimizer "
+                "holds; pass the optimizer through ds_config or as a callable (params -> optimizer)",
+                path="expert_parallel.enabled",
+            )
+        replaced = apply_autoep(ctx.model, ctx.section, ctx.runtime.comm, mesh)
+        groups = param_groups(ctx.model, remap_parameters(ctx.model_parameters, replaced), None)
+        ctx.model_parameters = split_params_into_different_moe_groups_for_optimizer(groups) if groups else groups
+
+    def verify(self, ctx: VerifyContext[ExpertParallelConfig]) -> None:
+        """Refuse an engine that converted no MoE block (ConfigError naming the engine)."""
+        from dscore_plugins.parallel.autoep.layer import AutoEPMoELayer
+
+        if not any(isinstance(m, AutoEPMoELayer) for m in ctx.model.modules()):
+            raise ConfigError(
+                f"the engine {ctx.engine_name!r} did not apply expert_parallel (no MoE block was converted); use the "
+                "standard engine or call dscore.moe.autoep.apply_autoep in the engine's factory",
+                path="expert_parallel.enabled",
+            )
+
+
+class UlyssesTransform(ModelTransform[None]):
+    """``sequence_parallel_size > 1`` (a core key: the mesh's sequence dimension): require that the model's
+    attention is Ulysses' all-to-all attention (:mod:`dscore_plugins.parallel.ulysses`)."""
+
+    def enabled(self, config: DscoreConfig) -> bool:
+        """True when ``sequence_parallel_size`` is above 1."""
+        return int(config.sequence_parallel_size) > 1
+
+    def prepare(self, ctx: PrepareContext[None]) -> None:
+        """Refuse a pipeline model (ConfigError at ``sequence_parallel_size``)."""
+        if ctx.pipeline_model:
+            raise ConfigError(_PIPELINE_TP_SP, path="sequence_parallel_size")
+
+    def apply(self, ctx: TransformContext[None]) -> None:
+        """Raises ConfigError when no attention of the model runs through ``UlyssesSPAttentionHF``
+        (:func:`~dscore_plugins.parallel.ulysses.attention.require_ulysses_attention`)."""
+        from dscore_plugins.parallel.ulysses.attention import require_ulysses_attention
+
+        require_ulysses_attention(ctx.model, ctx.mesh.sp_size)
+
+
+class ActivationCheckpointingTransform(ModelTransform["ActivationCheckpointingConfig"]):
+    """An ``activation_checkpointing`` block: apply it to ``dscore.checkpointing`` (process-wide settings
+    ``checkpoint`` reads inside model code) with the runtime's accelerator. A config without the block keeps
+    an earlier ``dscore.checkpointing.configure()``."""
+
+    def enabled(self, config: DscoreConfig) -> bool:
+        """True when the user's config holds an ``activation_checkpointing`` block."""
+        return "activation_checkpointing" in config.raw
+
+    def prepare(self, ctx: PrepareContext[ActivationCheckpointingConfig]) -> None:
+        """:func:`dscore_plugins.parallel.checkpointing.state.configure` from the block (every engine)."""
+        from dscore_plugins.parallel.checkpointing.state import configure
+
+        configure(deepspeed_config=ctx.config, accelerator=ctx.runtime.accelerator)
+
