@@ -65,7 +65,7 @@ class GatherStrategy(Protocol):
     same collectives on every rank of ``unit.comm`` for the same call sequence.
     """
 
-    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work, bool]:
+    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work | None, bool]:
         """Start filling ``unit.full`` with every rank's partition, in rank order.
 
         Args:
@@ -75,7 +75,8 @@ class GatherStrategy(Protocol):
                 approximation (e.g. int8 blocks).
 
         Returns:
-            the work whose ``wait()`` completes ``full``, and whether the values it gives are exact.
+            the work whose ``wait()`` completes ``full`` (None when ``full`` is already complete), and
+            whether the values it gives are exact.
         """
         ...
 
@@ -88,7 +89,7 @@ class AllGather:
     """The plain gather: one ``all_gather_into_tensor`` of every rank's partition over ``unit.comm``
     (always exact; keeps nothing between gathers)."""
 
-    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work, bool]:
+    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work | None, bool]:
         """All-gather :meth:`FlatUnit.source` into ``unit.full`` (asynchronous); the result is exact."""
         return unit.comm.all_gather_into_tensor(unit.full, unit.source(), async_op=True), True
 

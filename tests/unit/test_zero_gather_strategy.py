@@ -17,7 +17,7 @@ class HalvingGather:
     def __init__(self) -> None:
         self.calls: list[str] = []
 
-    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work, bool]:
+    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work | None, bool]:
         self.calls.append("exact" if exact else "approx")
         work, _ = ALL_GATHER.launch(unit, exact=True)
         if exact:
@@ -31,7 +31,7 @@ class HalvingGather:
 def _unit() -> tuple[FlatUnit, torch.nn.Linear, list[torch.Tensor]]:
     lin = torch.nn.Linear(3, 2)
     values = [lin.weight.detach().clone(), lin.bias.detach().clone()]
-    unit = FlatUnit([lin.weight, lin.bias], Comm(None), dtype=torch.float32, device=torch.device("cpu"))
+    unit = FlatUnit(list(lin.parameters()), Comm(None), dtype=torch.float32, device=torch.device("cpu"))
     unit.load_full(values)
     return unit, lin, values
 

@@ -108,7 +108,7 @@ class SecondaryPartition:
         return self.inner if isinstance(self.inner, QuantizedGather) else None
 
     # ------------------------------------------------------------------ GatherStrategy
-    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work, bool]:
+    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work | None, bool]:
         """Gather inside the block from the kept copy when it is of the kind asked for (quantized for a
         training gather of a qwZ unit, exact otherwise); else over the whole group through :attr:`inner`,
         keeping this rank's piece of what arrives."""

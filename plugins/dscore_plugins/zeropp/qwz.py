@@ -48,7 +48,7 @@ class QuantizedGather:
             raise ValueError(f"qwZ block must be at least 1 element, got {block}")
         self.block = int(block)
 
-    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work, bool]:
+    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work | None, bool]:
         """Exact: the plain all-gather. Otherwise the int8 gather (:meth:`launch_quantized`); not exact."""
         if exact:
             return ALL_GATHER.launch(unit, exact=True)
