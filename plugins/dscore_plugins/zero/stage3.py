@@ -8,30 +8,20 @@ The stage is one class in four concepts: its units (:mod:`.units`), the gatherin
 (:mod:`.coordinator`), the check that every rank ran the same modules (:mod:`.divergence`) and its state
 (checkpoints and module state dicts, :mod:`.state`); this module assembles them and drives a micro step.
 
-**Units.** Every module's direct parameters (``recurse=False``), split by optimizer group (frozen
-parameters form their own unit), become one :class:`dscore.zero.partition.FlatUnit`: a padded flat buffer
-of which this rank permanently stores ``1/world`` (its chunk). Parameters built under
-:class:`dscore.zero.Init` arrive already partitioned and are re-laid out one module at a time, so the full
-model never exists on one rank. This rank's chunks of all units of an optimizer group are one flat
-partition tensor; the fp32 master weights, fp32 gradient partition and optimizer state have the same
-layout (the master *is* that partition under fp32 without offload).
-
-**Just-in-time gathering.** A forward pre-hook gathers the module's units (waiting for a prefetch when
-one is in flight) and prefetches the next units of the recorded forward order, up to
-``stage3_prefetch_bucket_size`` elements, never beyond ``stage3_max_live_parameters`` gathered elements.
-After forward, a unit is kept gathered for backward only if its next use is within
-``stage3_max_reuse_distance`` elements of other fetches, otherwise released (storage freed); a hook on
-the module's outputs re-gathers it (and prefetches the preceding units) just before its backward.
-Units of at most ``stage3_param_persistence_threshold`` elements stay gathered for the whole run
-(re-gathered after each step). The order is traced on the first forward (construction order before).
+**Units** (:mod:`.units`): every module's direct parameters, split by optimizer group, are one
+:class:`dscore.zero.partition.FlatUnit` of which this rank stores ``1/world``; an optimizer group's chunks
+are one flat partition with the masters, gradients and optimizer state laid out alike. **Just-in-time
+gathering** (:mod:`.coordinator`): module hooks gather, prefetch (``stage3_prefetch_bucket_size``,
+``stage3_max_live_parameters``), keep for backward (``stage3_max_reuse_distance``) and release units;
+units of at most ``stage3_param_persistence_threshold`` elements stay gathered for the whole run.
 
 **Gather buffers on the host.** Released units give their memory to a
 :class:`dscore.zero.buffer_cache.GatherBufferCache` and the next gather of the same size takes it back,
 as the CUDA caching allocator keeps DeepSpeed's released blocks reserved on a GPU. Kept memory plus
 gathered units never exceed the most that was gathered at once, and ``engine.empty_partition_cache()``
 frees it. Without it every re-gather page-faults freshly mapped memory under the stage's allocation policy
-(:func:`~dscore_plugins.zero.host_memory.apply_host_malloc_policy`): at hidden width 1024 that took ``forward.allgather_wait`` from 8.6
-to 16.3 ms per step (``bench/dp_throughput.py``).
+(:func:`~dscore_plugins.zero.host_memory.apply_host_malloc_policy`): at hidden width 1024 that took
+``forward.allgather_wait`` from 8.6 to 16.3 ms per step (``bench/dp_throughput.py``).
 
 **Gradients.** Each trainable unit is one bucket of the shared
 :class:`dscore.zero.reducer.GradientReducer`: as each parameter's gradient is produced it is copied into
@@ -40,8 +30,8 @@ the unit's staging buffer and freed; when a unit's trainable parameters are all 
 accumulated in fp32 (at most two units in flight; overlapped with backward when ``overlap_comm``, the
 stage-3 default) and the unit is released. With ``zero_quantized_gradients`` (ZeRO++ qgZ, the
 ``zero_feature:qgz`` unit) that reduce-scatter is :class:`dscore_plugins.zeropp.qgz.QuantizedReduceScatter`
-(int4 all-to-alls across nodes). The step is stage 1/2's: global-norm clip and unscale of the fp32 partitions, optimizer step (on
-CPU with ``offload_optimizer``), copy into the compute-dtype partition. ``offload_param: cpu`` keeps the
+(int4 all-to-alls across nodes). The step is stage 1/2's: global-norm clip and unscale of the fp32
+partitions, optimizer step (on CPU with ``offload_optimizer``), copy into the compute-dtype partition. ``offload_param: cpu`` keeps the
 compute-dtype partitions in (pinned) host memory and copies them to the device for each gather;
 ``offload_param: nvme`` keeps each unit's partition in a swap file, resident only around its use
 (:mod:`.nvme_params`), and ``offload_optimizer: nvme`` the masters and optimizer state (:mod:`.nvme_optimizer`).
@@ -61,13 +51,9 @@ every rank must run the same modules. A ZeRO-3 *leaf* (``zero_optimization.leaf_
 :func:`dscore.zero.set_z3_leaf_modules`; :mod:`dscore.zero.leaf`) gets the units of its whole subtree
 gathered on entry and none of its submodules hooked, and its units are reduced by the final flush in unit
 order (zeros for what a rank did not use): a mixture-of-experts block whose ranks skip different experts
-is then exact. Without a leaf, every gather and reduction of a micro step is folded into a fingerprint
-(unit index and kind, rolling hash) compared across ranks with one 4-integer all-reduce after backward
-(and after a forward without autograd): ranks that ran different modules raise ``DistributedError``
-naming the first differing module on each rank and the block to flag, before an optimizer step uses the
-gradients (measured: 0.28 ms per micro step on 2 gloo ranks of a loaded 2-core host). Gathers that differ
-in size fail earlier, in the exchange itself; that error is re-raised naming the module being entered
-and the same remedy.
+is then exact. Without a leaf, ranks that ran different modules are refused after the micro step, before
+an optimizer step uses the gradients (:mod:`.divergence`); gathers that differ in size fail earlier, in
+the exchange itself, re-raised naming the module being entered and the same remedy.
 
 **MoE experts** (:mod:`dscore.moe`). The units of an expert-parameter optimizer group are partitioned over
 the expert-data-parallel group (:mod:`.experts`): gathered there, reduce-scattered there by a reducer of
