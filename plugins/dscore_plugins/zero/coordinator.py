@@ -54,7 +54,6 @@ class ModuleHook:
         return _no_hook
 
 
-
 class Coordinator(DivergenceCheck):
     """Part of :class:`~dscore_plugins.zero.stage3.Stage3`: the gathering policy and the module hooks.
 
