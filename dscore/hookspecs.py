@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         OpBuilderSpec,
         OptimizerSpec,
         PrecisionSpec,
+        ZeroFeatureSpec,
         ZeroStageSpec,
     )
 
@@ -145,6 +146,24 @@ def dscore_register_zero_stages() -> Iterable[ZeroStageSpec]:
         @hookimpl
         def dscore_register_zero_stages():
             return [ZeroStageSpec(name="stage2", stage=2, factory="my_pkg.zero:Stage2")]
+    """
+
+
+@hookspec
+def dscore_register_zero_features() -> Iterable[ZeroFeatureSpec]:
+    """Register options of a ZeRO stage (ZeRO++ hpZ, qwZ, qgZ), looked up by the stage by name when a
+    ``zero_optimization`` key asks for one.
+
+    Called: once per plugin manager, on every rank and in the CLI.
+    Combine: concatenated; duplicate names are a conflict.
+    Must not: import torch; the factory is an import string.
+
+    Example::
+
+        @hookimpl
+        def dscore_register_zero_features():
+            return [ZeroFeatureSpec(name="hpz", factory="my_pkg.hpz:build",
+                                    config_keys=("zero_hpz_partition_size",))]
     """
 
 
@@ -449,6 +468,7 @@ REGISTRATION_HOOKS: dict[str, str] = {
     "dscore_register_optimizers": "optimizer",
     "dscore_register_lr_schedulers": "lr_scheduler",
     "dscore_register_zero_stages": "zero_stage",
+    "dscore_register_zero_features": "zero_feature",
     "dscore_register_precisions": "precision",
     "dscore_register_op_builders": "op_builder",
     "dscore_register_config_sections": "config_section",

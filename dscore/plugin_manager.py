@@ -83,6 +83,7 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("precision", "dscore_plugins.precision.plugin"),
     ("profiling", "dscore_plugins.profiling.plugin"),
     ("zero", "dscore_plugins.zero.plugin"),
+    ("zeropp", "dscore_plugins.zeropp.plugin"),
 )
 
 ACTIVE = "active"

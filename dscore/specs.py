@@ -23,6 +23,7 @@ __all__ = [
     "OptimizerSpec",
     "LRSchedulerSpec",
     "ZeroStageSpec",
+    "ZeroFeatureSpec",
     "PrecisionSpec",
     "OpBuilderSpec",
     "ConfigSectionSpec",
@@ -186,6 +187,31 @@ class ZeroStageSpec(ComponentSpec):
     stage: int
     factory: str
     default: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class ZeroFeatureSpec(ComponentSpec):
+    """An option of a ZeRO stage that changes how one of its collectives runs (ZeRO++'s ``hpz``, ``qwz``,
+    ``qgz``), asked for by the stage when a ``zero_optimization`` key turns it on.
+
+    Not a stage: ``zero_optimization.stage``/``implementation`` never select it. A stage that supports the
+    option looks it up by name (``registry.get("zero_feature", name, config_path=...)``) only when the config
+    sets one of ``config_keys``, so disabling the unit (``zero_feature:hpz``) refuses such a config with the
+    registry's error naming the unit, and leaves every other config as it was.
+
+    Attributes:
+        factory: import string of what the stage builds the option with (the built-ins: a
+            :class:`dscore.zero.partition.GatherStrategy` factory for hpZ and qwZ, a reduce-scatter for qgZ;
+            its signature is the stage's contract with the option, documented by the providing module).
+        config_keys: the ``zero_optimization`` keys that turn it on (``("zero_hpz_partition_size",)``),
+            named in ``dscore plugins list`` and in the stage's errors.
+        stages: the ZeRO stages that support it.
+    """
+
+    kind: ClassVar[str] = "zero_feature"
+    factory: str
+    config_keys: tuple[str, ...] = ()
+    stages: tuple[int, ...] = (3,)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -399,6 +425,7 @@ SPEC_KINDS: dict[str, type[ComponentSpec]] = {
         OptimizerSpec,
         LRSchedulerSpec,
         ZeroStageSpec,
+        ZeroFeatureSpec,
         PrecisionSpec,
         OpBuilderSpec,
         ConfigSectionSpec,

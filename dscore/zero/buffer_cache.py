@@ -4,7 +4,7 @@ Stage 3 releases a unit's full buffer after use and gathers it again later (ever
 On a GPU, the CUDA caching allocator keeps the released block reserved and hands it to the next
 allocation of a fitting size, so DeepSpeed's stage 3 re-gathers into memory that is already mapped.
 On the host, glibc either keeps freed memory in its heap (peak RSS grows by fragments) or, under the
-stage-3 allocation policy (:func:`dscore_plugins.zero.stage3.apply_host_malloc_policy`), returns it to
+stage-3 allocation policy (the ZeRO plugin's host malloc policy), returns it to
 the OS, so every re-gather page-faults fresh memory: measured on 2 gloo ranks, gathering four 4 MiB
 units into freshly mapped buffers took 2.7x as long as into mapped ones.
 

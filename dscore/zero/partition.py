@@ -7,11 +7,13 @@ ceil(numel / world)`` elements). The parameters themselves are views into ``full
 shrinks ``full``'s storage to 0 bytes (the views, and any autograd-saved views of them, stay valid
 objects) and gathering re-grows the storage and fills it with one ``all_gather_into_tensor`` of every
 rank's partition (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
-Parameter Models", §5.3: P_os+g+p). Because the parameters' metadata never changes, autograd graphs that
+Parameter Models", §5.3: P_os+g+p). How the partitions travel is the unit's :class:`GatherStrategy`: the
+plain :class:`AllGather` by default; a plugin may set another (the ZeRO plugin's ZeRO++ strategies gather
+inside a smaller group from kept copies, hpZ, or send int8 blocks, qwZ). Because the parameters' metadata never changes, autograd graphs that
 saved a parameter (or a view of it) during forward read the re-gathered values during backward.
 
 This is core code (no plugin imports): :mod:`dscore.zero.init` builds units at module construction and
-the stage-3 plugin (``dscore_plugins.zero.stage3``) builds and drives them during training.
+the stage-3 plugin builds and drives them during training.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -28,10 +30,7 @@ from dscore.zero.buffer_cache import GatherBufferCache
 from dscore.zero.layout import packed_offsets
 from dscore.zero.released import mark_available, mark_released
 
-if TYPE_CHECKING:
-    from dscore.zero.hpz import SecondaryPartition
-
-__all__ = ["FlatUnit", "ZeroParamStatus", "unit_of", "is_partitioned"]
+__all__ = ["ALL_GATHER", "AllGather", "FlatUnit", "GatherStrategy", "ZeroParamStatus", "unit_of", "is_partitioned"]
 
 _UNIT_ATTR = "_dscore_unit"
 
@@ -54,6 +53,53 @@ def unit_of(param: torch.Tensor) -> FlatUnit | None:
 def is_partitioned(param: torch.Tensor) -> bool:
     """True when ``param`` belongs to a :class:`FlatUnit` (its data may be released)."""
     return unit_of(param) is not None
+
+
+class GatherStrategy(Protocol):
+    """How a :class:`FlatUnit`'s full buffer is filled from the ranks' partitions (``FlatUnit.gather_strategy``).
+
+    The unit calls :meth:`launch` for every gather and re-gather (``full``'s storage is already allocated,
+    ``padded`` elements of the unit's dtype) and :meth:`invalidate` whenever this rank's partition was
+    written or reloaded (:meth:`FlatUnit.load_full`, :meth:`FlatUnit.refresh`, :meth:`FlatUnit.write_back`),
+    so a strategy that keeps something derived from earlier gathers drops it. A strategy must issue the
+    same collectives on every rank of ``unit.comm`` for the same call sequence.
+    """
+
+    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work | None, bool]:
+        """Start filling ``unit.full`` with every rank's partition, in rank order.
+
+        Args:
+            unit: the unit being gathered (:meth:`FlatUnit.source` gives this rank's partition to send).
+            exact: True: ``full`` must receive the partitions bit for bit (checkpoints, user gathers, the
+                re-gather after a step). False: the training hooks' gathers, which may receive an
+                approximation (e.g. int8 blocks).
+
+        Returns:
+            the work whose ``wait()`` completes ``full`` (None when ``full`` is already complete), and
+            whether the values it gives are exact.
+        """
+        ...
+
+    def invalidate(self, unit: FlatUnit) -> None:
+        """``unit``'s partition changed: forget anything kept from its earlier gathers."""
+        ...
+
+
+class AllGather:
+    """The plain gather: one ``all_gather_into_tensor`` of every rank's partition over ``unit.comm``
+    (always exact; keeps nothing between gathers)."""
+
+    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work | None, bool]:
+        """All-gather :meth:`FlatUnit.source` into ``unit.full`` (asynchronous); the result is exact."""
+        return unit.comm.all_gather_into_tensor(unit.full, unit.source(), async_op=True), True
+
+    def invalidate(self, unit: FlatUnit) -> None:
+        """Nothing is kept between gathers, so nothing goes stale."""
+        return None
+
+
+#: the default :class:`GatherStrategy` of every unit (stateless, shared).
+ALL_GATHER = AllGather()
 
 
 class FlatUnit:
@@ -84,6 +130,9 @@ class FlatUnit:
         buffer_cache: None, or a :class:`~dscore.zero.buffer_cache.GatherBufferCache` that gathers take
             ``full``'s memory from and releases give it back to (stage 3 on the host); None allocates
             and frees with ``resize_``.
+        gather_strategy: how gathers fill ``full`` (:class:`GatherStrategy`; default :data:`ALL_GATHER`).
+        approximate: True while ``full`` holds an inexact gather (``gather(exact=False)`` through a strategy
+            that approximates); such values are never written back.
     """
 
     def __init__(
@@ -122,13 +171,8 @@ class FlatUnit:
         self.on_modified: list[Callable[[FlatUnit], None]] = []
         self.partition_source: Callable[[FlatUnit], None] | None = None
         self.buffer_cache: GatherBufferCache | None = None
-        #: > 0: gathers send int8 blocks of this many elements plus fp32 scales (ZeRO++ quantized
-        #: weights, :mod:`dscore.zero.quantize`); the partition itself stays exact
-        self.quantize_block = 0
-        self.quantized_view = False  # ``full`` holds a quantized gather (never written back)
-        #: None, or this unit's ZeRO++ hpZ secondary partition (:mod:`dscore.zero.hpz`): a gather reads it
-        #: inside the smaller hpZ group while it holds a copy of the unit's current values of that kind
-        self.secondary: SecondaryPartition | None = None
+        self.gather_strategy: GatherStrategy = ALL_GATHER
+        self.approximate = False
         self._handle: Work | None = None
         self.bind_views()
 
@@ -168,9 +212,8 @@ class FlatUnit:
             self.partition.copy_(self.own_slice())
         self.gathered = True
         self._set_status(ZeroParamStatus.AVAILABLE)
-        self.quantized_view = False
-        if self.secondary is not None:
-            self.secondary.drop()
+        self.approximate = False
+        self.gather_strategy.invalidate(self)
 
     # ------------------------------------------------------------------ gather / release
     def _ensure_storage(self) -> None:
@@ -183,16 +226,16 @@ class FlatUnit:
         else:
             storage.resize_(nbytes)
 
-    def gather(self, *, async_op: bool = False, quantized: bool = False) -> None:
-        """Make the full parameters available (all-gather of the partitions). No-op when gathered, except
-        that an exact gather of a unit holding a quantized gather gathers again, exactly.
+    def gather(self, *, async_op: bool = False, exact: bool = True) -> None:
+        """Make the full parameters available (through :attr:`gather_strategy`). No-op when gathered, except
+        that an exact gather of a unit holding an approximate gather gathers again, exactly.
 
         Args:
-            quantized: allow the ZeRO++ quantized gather (when :attr:`quantize_block` is set): the training
-                hooks' gathers; checkpoints and user gathers stay exact.
+            exact: False lets the strategy give an approximation (the training hooks' gathers, e.g. ZeRO++
+                quantized weights); checkpoints and user gathers stay exact.
         """
         if self.gathered:
-            if self.quantized_view and not quantized:
+            if self.approximate and exact:
                 self.wait()
                 self._launch(async_op)
                 self._set_status(ZeroParamStatus.INFLIGHT)
@@ -200,68 +243,33 @@ class FlatUnit:
                 self.wait()
             return
         self._ensure_storage()
-        self._launch(async_op, quantized)
+        self._launch(async_op, exact)
         self.gathered = True
         self._set_status(ZeroParamStatus.INFLIGHT)
         if not async_op:
             self.wait()
 
-    def _launch(self, async_op: bool, quantized: bool = False) -> None:
-        self.quantized_view = bool(quantized and self.quantize_block)
-        sec = self.secondary
-        if sec is not None:  # hpZ: gather inside the smaller group while a copy of this kind is kept
-            work = sec.launch(self.quantized_view)
-            if work is not None:
-                self._handle = work
-                return
+    def _launch(self, async_op: bool, exact: bool = True) -> None:
+        self._handle, got_exact = self.gather_strategy.launch(self, exact=exact)
+        self.approximate = not got_exact
+
+    def source(self) -> torch.Tensor:
+        """This rank's partition, ready to send into ``full``: runs :attr:`partition_source` first and
+        copies a host partition (parameter offload) to ``full``'s device (non-blocking). ``chunk`` elements
+        of the unit's dtype; a view of :attr:`partition` when already on that device."""
         if self.partition_source is not None:
             self.partition_source(self)
         src = self.partition
         if src.device != self.full.device:  # parameter offload: partition lives on the host
             src = src.to(self.full.device, non_blocking=True)
-        if self.quantized_view:
-            self._handle = self._launch_quantized(src)
-            return
-        work = self.comm.all_gather_into_tensor(self.full, src, async_op=True)
-        self._handle = work if sec is None else Work([work], sec.keep_exact)
-
-    def _launch_quantized(self, src: torch.Tensor) -> Work:
-        """All-gather int8 blocks and their scales; the returned work dequantizes into ``full`` when waited."""
-        from dscore.zero.quantize import quantize_int8_blockwise
-
-        block, world = self.quantize_block, self.world
-        q, scales = quantize_int8_blockwise(src, block)
-        q_all = torch.empty(world * q.numel(), dtype=torch.int8, device=self.full.device)
-        s_all = torch.empty(world * scales.numel(), dtype=torch.float32, device=self.full.device)
-        works = [
-            self.comm.all_gather_into_tensor(q_all, q, async_op=True),
-            self.comm.all_gather_into_tensor(s_all, scales, async_op=True),
-        ]
-        sec = self.secondary
-
-        def finish() -> None:
-            self.dequantize_gathered(q_all, s_all)
-            if sec is not None:
-                sec.keep_quantized(q_all, s_all)
-
-        return Work(works, finish)
-
-    def dequantize_gathered(self, q_all: torch.Tensor, s_all: torch.Tensor) -> None:
-        """Write a quantized gather into ``full``: ``q_all`` int8 ``[world · blocks · block]`` and ``s_all``
-        fp32 ``[world · blocks]``, every rank's chunk in rank order (:mod:`dscore.zero.quantize`)."""
-        from dscore.zero.quantize import dequantize_int8_blockwise
-
-        block, world, chunk, full = self.quantize_block, self.world, self.chunk, self.full
-        for r, (qr, sr) in enumerate(zip(q_all.chunk(world), s_all.chunk(world))):
-            dequantize_int8_blockwise(qr, sr, full[r * chunk : (r + 1) * chunk], block)
+        return src
 
     def refresh(self, *, async_op: bool = False) -> None:
         """Re-gather a gathered unit after its partition changed (e.g. after an optimizer step)."""
         if not self.gathered:
             return
         self.wait()
-        if self.secondary is not None:  # the partition changed: a kept copy is stale
-            self.secondary.drop()
+        self.gather_strategy.invalidate(self)  # the partition changed: anything kept is stale
         self._launch(async_op)
         if not async_op:
             self.wait()
@@ -290,17 +298,16 @@ class FlatUnit:
         run :attr:`on_modified` callbacks.
 
         Raises:
-            RuntimeError: ``full`` holds a quantized gather (writing it back would lose precision).
+            RuntimeError: ``full`` holds an approximate gather (writing it back would lose precision).
         """
         self.wait()
-        if self.quantized_view:
-            raise RuntimeError(f"unit {self.name!r}: write_back of a quantized gather; gather(quantized=False) first")
+        if self.approximate:
+            raise RuntimeError(f"unit {self.name!r}: write_back of an approximate gather; gather(exact=True) first")
         if self.partition_source is not None:
             self.partition_source(self)
         with torch.no_grad():
             self.partition.copy_(self.own_slice())
-        if self.secondary is not None:
-            self.secondary.drop()
+        self.gather_strategy.invalidate(self)
         for cb in self.on_modified:
             cb(self)
 

@@ -154,7 +154,7 @@ class GradientReducer:
             buckets stage in it; an owned buffer of another dtype is converted at launch and the reduced
             values copied back when the work finishes.
         reduce_scatter_fn: ``fn(output, input) -> Work`` replacing ``comm.reduce_scatter_tensor`` for
-            reduce-scatter buckets (ZeRO++ qgZ, :class:`dscore.zero.qgz.QuantizedReduceScatter`); its output
+            reduce-scatter buckets (ZeRO++ qgZ: the ``zero_feature:qgz`` unit's quantized reduce-scatter); its output
             is in the target's dtype, so the sum reaches an fp32 target unrounded.
 
     Raises:

@@ -1,6 +1,6 @@
 """ZeRO++ quantized gradients (``zero_quantized_gradients``, qgZ) on real gloo ranks.
 
-Nodes are simulated on one host by ``LOCAL_WORLD_SIZE`` (qgZ's node grouping, :mod:`dscore.zero.qgz`):
+Nodes are simulated on one host by ``LOCAL_WORLD_SIZE`` (qgZ's node grouping, :mod:`dscore_plugins.zeropp.qgz`):
 2 ranks as 2 nodes of 1 (one level), 4 ranks as 2 nodes of 2 (intra- then inter-node) and as one node
 (exact, as DeepSpeed). Checked: the reduce-scatter against the exact one within the composed per-element
 bound; a 20-step ZeRO-3 training curve (bf16, gradient accumulation, clipping) against unquantized ZeRO-3;
@@ -40,7 +40,7 @@ def _collective(local: int) -> dict:
     import torch
 
     from dscore.comm import Comm
-    from dscore.zero.qgz import block_geometry, build
+    from dscore_plugins.zeropp.qgz import block_geometry, build
 
     _as_nodes(local)
     comm = Comm(backend="gloo")

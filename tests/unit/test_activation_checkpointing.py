@@ -17,9 +17,9 @@ import torch.nn.functional as F
 import dscore
 from dscore import checkpointing as ck
 from dscore.checkpointing import CheckpointingError
-from dscore_plugins.parallel.checkpointing import function
 from dscore.config import load_config
 from dscore.errors import ConfigError
+from dscore_plugins.parallel.checkpointing import function
 
 HIDDEN = 64
 BATCH = 32

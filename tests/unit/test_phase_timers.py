@@ -39,7 +39,7 @@ def test_active_timers_registry_and_totals() -> None:
 
 
 def test_malloc_policy_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    from dscore_plugins.zero import stage3
+    from dscore_plugins.zero import host_memory as stage3
 
     monkeypatch.setattr(stage3, "_malloc_policy_applied", False)
     monkeypatch.setenv("DSCORE_MALLOC_MMAP_THRESHOLD", "lots")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dscore.zero.quantize import dequantize_int8_blockwise, quantize_int8_blockwise, quantized_numel
+from dscore_plugins.zeropp.quantize import dequantize_int8_blockwise, quantize_int8_blockwise, quantized_numel
 
 
 def test_error_within_half_a_step_of_each_blocks_scale() -> None:

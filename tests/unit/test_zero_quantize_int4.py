@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from dscore.errors import ConfigError
-from dscore.zero.qgz import block_geometry, node_layout
-from dscore.zero.quantize import dequantize_int4_blockwise, quantize_int4_blockwise
+from dscore_plugins.zeropp.qgz import block_geometry, node_layout
+from dscore_plugins.zeropp.quantize import dequantize_int4_blockwise, quantize_int4_blockwise
 
 BLOCK = 64
 

@@ -199,19 +199,19 @@ class ZeroConfig(SectionModel):
     """ZeRO++ hierarchical partitioning (hpZ, stage 3): after a unit's all-gather over the data-parallel
     group, each rank keeps a secondary partition sharded over its group of this many contiguous ranks, and
     the next gathers (backward, further micro steps until the optimizer step) read it inside that group
-    (:mod:`dscore.zero.hpz`). 0 and 1 disable it (DeepSpeed's ``ge=0``); it must divide the ZeRO group's
+    (:mod:`dscore_plugins.zeropp.hpz`). 0 and 1 disable it (DeepSpeed's ``ge=0``); it must divide the ZeRO group's
     size (checked when the engine is built)."""
     zero_quantized_weights: bool = False
     """ZeRO++ quantized weights (stage 3): the training all-gathers of non-persistent units send int8 blocks
     (at most 2048 elements, splitting each rank's chunk evenly) with an fp32 scale each
-    (:mod:`dscore.zero.quantize`); partitions, optimizer, checkpoints and user gathers stay exact."""
+    (:mod:`dscore_plugins.zeropp.qwz`); partitions, optimizer, checkpoints and user gathers stay exact."""
     zero_quantized_nontrainable_weights: bool = False
     """ZeRO++ (stage 3): quantize the all-gathers of frozen parameters only."""
     zero_quantized_gradients: bool = False
     """ZeRO++ quantized gradients (qgZ, stage 3 with ``reduce_scatter``): the gradient reduce-scatter sends
     int4 blocks (at most 256 elements, two values per byte) with an fp32 scale each, as an intra-node then an
     inter-node all-to-all; nodes are ``LOCAL_WORLD_SIZE`` consecutive global ranks. On a single node the
-    reduce-scatter stays exact, as in DeepSpeed (:mod:`dscore.zero.qgz`)."""
+    reduce-scatter stays exact, as in DeepSpeed (:mod:`dscore_plugins.zeropp.qgz`)."""
     memory_efficient_linear: bool = Field(True, json_schema_extra=no_effect("DeepSpeed's ZeRO-3 linear autograd function; dscore uses torch's"))
     """Use ZeRO-3's memory-efficient linear autograd function."""
     override_module_apply: bool = Field(True, json_schema_extra=no_effect("dscore does not gather parameters around module.apply(); wrap re-initialisation in dscore.zero.GatheredParameters(params, modifier_rank=0)"))
@@ -267,7 +267,7 @@ class ZeroConfig(SectionModel):
     @classmethod
     def _check_hpz(cls, hpz: int, info: ValidationInfo) -> int:
         """hpZ needs stage 3 and composes with offload_param only on the host (the group size against the
-        world is checked when the engine is built: :mod:`dscore.zero.hpz`)."""
+        world is checked when the engine is built: :mod:`dscore_plugins.zeropp.hpz`)."""
         if hpz <= 1:
             return hpz
         stage = info.data.get("stage", 0)

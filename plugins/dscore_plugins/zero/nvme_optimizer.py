@@ -558,7 +558,7 @@ def attach(
     block = ctx.section.offload_optimizer
     if optimizer is None or block is None or block.device != "nvme":
         return None
-    from dscore_plugins.zero.stage3 import apply_host_malloc_policy
+    from dscore_plugins.zero.host_memory import apply_host_malloc_policy
 
     # NVMe offload is there to bound host memory: freed multi-MiB blocks (gradients, swap buffers) must go
     # back to the OS instead of staying in glibc's heap (measured: +200 MiB RSS on a 34M-parameter model)

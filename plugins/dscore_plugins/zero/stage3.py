@@ -4,44 +4,43 @@ Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Pa
 (P_os+g+p); DeepSpeed behaviour mirrored: ``DeepSpeedZeroOptimizer_Stage3`` and its parameter
 coordinator (``deepspeed/runtime/zero/stage3.py``, ``partitioned_param_coordinator.py``).
 
-**Units.** Every module's direct parameters (``recurse=False``), split by optimizer group (frozen
-parameters form their own unit), become one :class:`dscore.zero.partition.FlatUnit`: a padded flat buffer
-of which this rank permanently stores ``1/world`` (its chunk). Parameters built under
-:class:`dscore.zero.Init` arrive already partitioned and are re-laid out one module at a time, so the full
-model never exists on one rank. This rank's chunks of all units of an optimizer group are one flat
-partition tensor; the fp32 master weights, fp32 gradient partition and optimizer state have the same
-layout (the master *is* that partition under fp32 without offload).
+The stage is one class in four concepts: its units (:mod:`.units`), the gathering policy and module hooks
+(:mod:`.coordinator`), the check that every rank ran the same modules (:mod:`.divergence`) and its state
+(checkpoints and module state dicts, :mod:`.state`); this module assembles them and drives a micro step.
 
-**Just-in-time gathering.** A forward pre-hook gathers the module's units (waiting for a prefetch when
-one is in flight) and prefetches the next units of the recorded forward order, up to
-``stage3_prefetch_bucket_size`` elements, never beyond ``stage3_max_live_parameters`` gathered elements.
-After forward, a unit is kept gathered for backward only if its next use is within
-``stage3_max_reuse_distance`` elements of other fetches, otherwise released (storage freed); a hook on
-the module's outputs re-gathers it (and prefetches the preceding units) just before its backward.
-Units of at most ``stage3_param_persistence_threshold`` elements stay gathered for the whole run
-(re-gathered after each step). The order is traced on the first forward (construction order before).
+**Units** (:mod:`.units`): every module's direct parameters, split by optimizer group, are one
+:class:`dscore.zero.partition.FlatUnit` of which this rank stores ``1/world``; an optimizer group's chunks
+are one flat partition with the masters, gradients and optimizer state laid out alike. **Just-in-time
+gathering** (:mod:`.coordinator`): module hooks gather, prefetch (``stage3_prefetch_bucket_size``,
+``stage3_max_live_parameters``), keep for backward (``stage3_max_reuse_distance``) and release units;
+units of at most ``stage3_param_persistence_threshold`` elements stay gathered for the whole run.
 
 **Gather buffers on the host.** Released units give their memory to a
 :class:`dscore.zero.buffer_cache.GatherBufferCache` and the next gather of the same size takes it back,
 as the CUDA caching allocator keeps DeepSpeed's released blocks reserved on a GPU. Kept memory plus
 gathered units never exceed the most that was gathered at once, and ``engine.empty_partition_cache()``
 frees it. Without it every re-gather page-faults freshly mapped memory under the stage's allocation policy
-(:func:`apply_host_malloc_policy`): at hidden width 1024 that took ``forward.allgather_wait`` from 8.6
-to 16.3 ms per step (``bench/dp_throughput.py``).
+(:func:`~dscore_plugins.zero.host_memory.apply_host_malloc_policy`): at hidden width 1024 that took
+``forward.allgather_wait`` from 8.6 to 16.3 ms per step (``bench/dp_throughput.py``).
 
 **Gradients.** Each trainable unit is one bucket of the shared
 :class:`dscore.zero.reducer.GradientReducer`: as each parameter's gradient is produced it is copied into
 the unit's staging buffer and freed; when a unit's trainable parameters are all done, one asynchronous
 ``reduce_scatter_tensor`` (an all-reduce with ``reduce_scatter: false``) sends every rank its chunk,
 accumulated in fp32 (at most two units in flight; overlapped with backward when ``overlap_comm``, the
-stage-3 default) and the unit is released. With ``zero_quantized_gradients`` (ZeRO++ qgZ) that
-reduce-scatter is :class:`dscore.zero.qgz.QuantizedReduceScatter` (int4 all-to-alls across nodes). The step is stage 1/2's: global-norm clip and unscale of the fp32 partitions, optimizer step (on
-CPU with ``offload_optimizer``), copy into the compute-dtype partition. ``offload_param: cpu`` keeps the
+stage-3 default) and the unit is released. With ``zero_quantized_gradients`` (ZeRO++ qgZ, the
+``zero_feature:qgz`` unit) that reduce-scatter is :class:`dscore_plugins.zeropp.qgz.QuantizedReduceScatter`
+(int4 all-to-alls across nodes). The step is stage 1/2's: global-norm clip and unscale of the fp32
+partitions, optimizer step (on CPU with ``offload_optimizer``), copy into the compute-dtype partition. ``offload_param: cpu`` keeps the
 compute-dtype partitions in (pinned) host memory and copies them to the device for each gather;
 ``offload_param: nvme`` keeps each unit's partition in a swap file, resident only around its use
 (:mod:`.nvme_params`), and ``offload_optimizer: nvme`` the masters and optimizer state (:mod:`.nvme_optimizer`).
 
-**ZeRO++ hpZ** (``zero_hpz_partition_size``, :mod:`dscore.zero.hpz`): non-persistent units keep a
+**ZeRO++.** Each option is a ``zero_feature`` unit of the registry (``hpz``, ``qwz``, ``qgz``: the
+built-in ``zeropp`` plugin), looked up only when its key is set: a disabled unit refuses that config with
+the registry's error naming it. qwZ (``zero_quantized_weights``) is a unit's gather strategy
+(:class:`dscore.zero.partition.GatherStrategy`): its training gathers send int8 blocks.
+**hpZ** (``zero_hpz_partition_size``, :mod:`dscore_plugins.zeropp.hpz`): non-persistent units keep a
 secondary partition from their construction and after each gather over the whole group; the other gathers
 (backward, further micro steps) run inside blocks of that many contiguous ranks. The optimizer step drops
 the trainable units' copies (frozen units keep theirs); gradients and the step are unchanged, so training
@@ -52,13 +51,9 @@ every rank must run the same modules. A ZeRO-3 *leaf* (``zero_optimization.leaf_
 :func:`dscore.zero.set_z3_leaf_modules`; :mod:`dscore.zero.leaf`) gets the units of its whole subtree
 gathered on entry and none of its submodules hooked, and its units are reduced by the final flush in unit
 order (zeros for what a rank did not use): a mixture-of-experts block whose ranks skip different experts
-is then exact. Without a leaf, every gather and reduction of a micro step is folded into a fingerprint
-(unit index and kind, rolling hash) compared across ranks with one 4-integer all-reduce after backward
-(and after a forward without autograd): ranks that ran different modules raise ``DistributedError``
-naming the first differing module on each rank and the block to flag, before an optimizer step uses the
-gradients (measured: 0.28 ms per micro step on 2 gloo ranks of a loaded 2-core host). Gathers that differ
-in size fail earlier, in the exchange itself; that error is re-raised naming the module being entered
-and the same remedy.
+is then exact. Without a leaf, ranks that ran different modules are refused after the micro step, before
+an optimizer step uses the gradients (:mod:`.divergence`); gathers that differ in size fail earlier, in
+the exchange itself, re-raised naming the module being entered and the same remedy.
 
 **MoE experts** (:mod:`dscore.moe`). The units of an expert-parameter optimizer group are partitioned over
 the expert-data-parallel group (:mod:`.experts`): gathered there, reduce-scattered there by a reducer of
@@ -79,165 +74,48 @@ stepped by one fused ``torch.optim`` call).
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-from dscore.errors import ConfigError, DistributedError
-from dscore.moe.checkpoint import ExpertNaming
+from dscore.errors import ConfigError
 from dscore.moe.utils import is_moe_param
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.buffer_cache import GatherBufferCache
-from dscore.zero.hpz import build_hierarchical_partitioning
-from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
-from dscore.zero.leaf import apply_leaf_module_config, z3_leaf_module
+from dscore.zero.leaf import apply_leaf_module_config
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
-from dscore.zero.partition import FlatUnit, unit_of
-from dscore.zero.qgz import build as build_qgz
-from dscore.zero.quantize import DEFAULT_BLOCK as QUANT_BLOCK
-from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
+from dscore.zero.reducer import GradientReducer, comm_dtype_of, gradient_divisors
 from dscore.zero.released import name_parameters
 from dscore_plugins.zero.config import ZeroConfig
-from dscore_plugins.zero.experts import (
-    ReducerSet,
-    expert_comm,
-    globalize_state,
-    group_comm,
-    localize_state,
-    refuse_nvme_with_experts,
-)
+from dscore_plugins.zero.coordinator import Coordinator, ModuleHook
+from dscore_plugins.zero.experts import ReducerSet, group_comm, refuse_nvme_with_experts
+from dscore_plugins.zero.host_memory import apply_host_malloc_policy
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
-from dscore_plugins.zero.nvme_optimizer import materialized as nvme_materialized
-from dscore_plugins.zero.nvme_optimizer import write_master as nvme_write_master
 from dscore_plugins.zero.nvme_params import attach as nvme_attach_params
-from dscore_plugins.zero.offload import host_tensor, offload_device, offload_pin
+from dscore_plugins.zero.offload import offload_device, offload_pin
+from dscore_plugins.zero.state import StateIO
 from dscore_plugins.zero.step import step_partitions
+from dscore_plugins.zero.units import UnitBucket, UnitState
 
-__all__ = ["Stage3", "Stage3ParameterManager"]
+__all__ = ["Stage3", "Stage3ParameterManager", "apply_host_malloc_policy"]
 
 log = logging.getLogger("dscore.zero")
 
 _MAX_INFLIGHT = 2
 
-# glibc mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_MMAP_THRESHOLD_ENV = "DSCORE_MALLOC_MMAP_THRESHOLD"
-_DEFAULT_MMAP_THRESHOLD = 1 << 20  # bytes
-_malloc_policy_applied = False
 
-
-def apply_host_malloc_policy() -> int:
-    """Make glibc return large freed host buffers to the OS (stage 3 on CPU calls it once per process).
-
-    Stage 3 frees every gathered unit after use and gathers it again later. glibc serves a large
-    allocation with ``mmap`` only until the first such block is freed; then it raises its mmap threshold
-    (up to 32 MiB) and keeps later blocks of that size in the heap, where freed memory stays in the
-    process: peak RSS grows by the released buffers. Fixing ``M_MMAP_THRESHOLD`` (which also turns the
-    dynamic adjustment off) keeps every block of at least that many bytes on ``mmap``, returned on
-    ``free``; ``M_TRIM_THRESHOLD`` is set to twice that so the heap top is trimmed too. This is an
-    allocation strategy set once, not a per-step ``malloc_trim``.
-
-    Scope: process-wide (it affects every allocation of the process), applied by the first stage-3
-    engine whose parameters live on the CPU; other allocators (jemalloc/tcmalloc via ``LD_PRELOAD``)
-    and non-glibc systems are left alone. ``DSCORE_MALLOC_MMAP_THRESHOLD`` sets the threshold in bytes
-    (default 1 MiB); ``0`` disables the policy. It is the process policy ``malloc_mmap_threshold``
-    (:mod:`dscore.process`: ``DSCORE_PROCESS_POLICIES`` can turn it off).
-
-    Returns:
-        the threshold applied in bytes, or 0 when nothing was changed.
+def zero_feature(ctx: ZeroStageContext[ZeroConfig], name: str, key: str) -> Any:
+    """The factory of the ``zero_feature`` unit ``name`` (a ZeRO++ option) that ``zero_optimization.<key>``
+    asks for, resolved through the engine's registry.
 
     Raises:
-        ConfigError: ``DSCORE_MALLOC_MMAP_THRESHOLD`` is not an integer.
+        ComponentNotFoundError: the unit is disabled (names ``zero_feature:<name>`` and how to re-enable
+            it) or not installed.
+        PluginLoadError: its factory cannot be imported.
     """
-    global _malloc_policy_applied
-    if _malloc_policy_applied:
-        return 0
-    import ctypes
-    import os
-    import platform
-    import sys
-
-    from dscore import process
-
-    raw = os.environ.get(_MMAP_THRESHOLD_ENV, "").strip()
-    try:
-        threshold = int(raw) if raw else _DEFAULT_MMAP_THRESHOLD
-    except ValueError:
-        raise ConfigError(
-            f"environment variable {_MMAP_THRESHOLD_ENV}={raw!r} must be an integer number of bytes (0 disables)"
-        ) from None
-    _malloc_policy_applied = True
-    if threshold <= 0 or not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-        return 0
-
-    def set_thresholds() -> bool:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, ctypes.c_int(threshold)) and libc.mallopt(
-            _M_TRIM_THRESHOLD, ctypes.c_int(2 * threshold)
-        ))
-
-    try:
-        ok = process.apply("malloc_mmap_threshold", set_thresholds)  # off: nothing changed (None)
-    except (OSError, AttributeError):
-        return 0
-    if ok:
-        log.debug("stage 3: glibc mmap threshold fixed at %d bytes (%s)", threshold, _MMAP_THRESHOLD_ENV)
-    return threshold if ok else 0
-_FROZEN = -1
-_SEQ_MOD = (1 << 61) - 1
-_SEQ_KEEP = 1 << 16
-
-
-class _UnitState:
-    """Training-time bookkeeping of one unit: its optimizer group and place in the group partition."""
-
-    __slots__ = ("unit", "key", "trainable", "index", "part_offset")
-
-    def __init__(self, unit: FlatUnit, key: int, index: int) -> None:
-        self.unit = unit
-        self.key = key
-        self.index = index
-        self.trainable = key != _FROZEN
-        self.part_offset = 0
-
-
-class UnitBucket(ReduceBucket):
-    """The reduce bucket of one trainable unit (its gradients, padded like the unit's flat buffer)."""
-
-    def __init__(self, state: _UnitState, target: torch.Tensor, pad_to: int) -> None:
-        u = state.unit
-        super().__init__(u.params, pad_to=pad_to, dtype=u.dtype, device=u.device, target=target, numels=u.numels)
-        self.state = state
-
-
-def _no_hook(*args: Any) -> None:
-    """What a deep copy of a stage-3 module hook becomes (see :class:`_ModuleHook`)."""
-    return None
-
-
-class _ModuleHook:
-    """A stage-3 forward (pre-)hook on a user module.
-
-    ``copy.deepcopy(model)`` (e.g. inside ``GatheredParameters``, to make a reference or EMA model) copies
-    the modules' hook dicts; a bound method there would deep-copy the whole stage, its comm and process
-    group (``TypeError: cannot pickle 'module' object``). The copy instead gets a no-op hook: it is a plain
-    module holding the values it was copied with, not managed by the engine.
-    """
-
-    __slots__ = ("fn",)
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def __call__(self, *args: Any) -> Any:
-        return self.fn(*args)
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        return _no_hook
+    registry = ctx.runtime.registry
+    return registry.load(registry.get("zero_feature", name, config_path=f"zero_optimization.{key}"))
 
 
 class Stage3ParameterManager:
@@ -282,7 +160,7 @@ class Stage3ParameterManager:
         return f"Stage3ParameterManager(units={len(self._stage.units)}, world={self._stage.world})"
 
 
-class Stage3(ZeroStage):
+class Stage3(StateIO, Coordinator, ZeroStage):
     """ZeRO stage 3 (see the module docstring).
 
     Args:
@@ -334,16 +212,24 @@ class Stage3(ZeroStage):
             default=(float(self.world), 1.0) if self.compute_dtype == torch.float16 else (1.0, float(self.world)),
         )
         self.comm_dtype = comm_dtype_of(cfg.communication_data_type)
-        # ZeRO++ qgZ: the gradient reduce-scatter as int4 all-to-alls across nodes (None: exact)
+        # ZeRO++ qgZ (zero_feature:qgz): the gradient reduce-scatter as int4 all-to-alls across nodes (None: exact)
         self.qgz = (
-            build_qgz(self.comm, local_world_size=self.comm.env.local_world_size if self.comm.env is not None else 0)
+            zero_feature(ctx, "qgz", "zero_quantized_gradients")(
+                self.comm, local_world_size=self.comm.env.local_world_size if self.comm.env is not None else 0
+            )
             if zc.zero_quantized_gradients
             else None
         )
+        # ZeRO++ qwZ (zero_feature:qwz): builds a unit's int8 gather strategy (None: exact gathers)
+        qwz_key = "zero_quantized_weights" if self.quantize_weights else "zero_quantized_nontrainable_weights"
+        self.qwz = zero_feature(ctx, "qwz", qwz_key) if self.quantize_weights or self.quantize_frozen else None
 
         module = ctx.module
-        # ZeRO++ hpZ (dscore.zero.hpz): gathers read secondary partitions inside a smaller group
-        self.hpz = build_hierarchical_partitioning(ctx.runtime, self.comm, int(zc.zero_hpz_partition_size))
+        # ZeRO++ hpZ (zero_feature:hpz): gathers read secondary partitions inside a smaller group
+        hpz_size = int(zc.zero_hpz_partition_size)
+        self.hpz = (
+            zero_feature(ctx, "hpz", "zero_hpz_partition_size")(ctx.runtime, self.comm, hpz_size) if hpz_size > 1 else None
+        )
         apply_leaf_module_config(module, zc.leaf_module)
         self.group_params = unique_trainable(ctx.param_groups)
         # MoE expert groups: partitioned, gathered and reduce-scattered over their expert-data-parallel group
@@ -354,10 +240,10 @@ class Stage3(ZeroStage):
             refuse_nvme_with_experts(zc)
         key_of = {id(p): gi for gi, ps in enumerate(self.group_params) for p in ps}
         self.names = {id(p): n for n, p in module.named_parameters()}
-        self.units: list[_UnitState] = []
-        self.by_unit: dict[int, _UnitState] = {}
-        self.module_units: dict[torch.nn.Module, list[_UnitState]] = {}
-        owner: dict[int, _UnitState] = {}
+        self.units: list[UnitState] = []
+        self.by_unit: dict[int, UnitState] = {}
+        self.module_units: dict[torch.nn.Module, list[UnitState]] = {}
+        owner: dict[int, UnitState] = {}
         device = None
         for mod in module.modules():
             direct = list(mod.parameters(recurse=False))
@@ -399,20 +285,14 @@ class Stage3(ZeroStage):
         if self._optimizer is not None:
             self._optimizer.zero_grad = self._zero_grad_from_optimizer  # type: ignore[method-assign]
 
-        # trace (forward order of modules); construction order until the first forward is seen
-        self._trace: list[torch.nn.Module] = list(self.module_units)
-        self._recording: list[torch.nn.Module] | None = []
-        self._trace_pos = {m: i for i, m in enumerate(self._trace)}
-        self._gathered: OrderedDict[int, _UnitState] = OrderedDict()  # non-persistent, LRU order
-        self._in_use: set[int] = set()
+        self._reset_coordinator()  # the forward trace (construction order until the first forward), nothing gathered
         self._fresh = True
         self._hooks: list[Any] = []
-        self._may_evict = sum(s.unit.numel for s in self.units if not s.unit.persistent) > self.max_live
         for mod in self.module_units:
-            self._hooks.append(mod.register_forward_pre_hook(_ModuleHook(self._pre_forward)))
-            self._hooks.append(mod.register_forward_hook(_ModuleHook(self._post_forward)))
+            self._hooks.append(mod.register_forward_pre_hook(ModuleHook(self._pre_forward)))
+            self._hooks.append(mod.register_forward_hook(ModuleHook(self._post_forward)))
         # a forward without autograd (evaluation) has no backward to check it: check at the model's end
-        self._hooks.append(module.register_forward_hook(_ModuleHook(self._root_post_forward)))
+        self._hooks.append(module.register_forward_hook(ModuleHook(self._root_post_forward)))
         # every trainable unit is one bucket; launched as soon as it is complete (every rank runs the same
         # graph, so units complete in the same order everywhere), and released right after the launch
         buckets = [
@@ -422,9 +302,7 @@ class Stage3(ZeroStage):
         ]
         for b in buckets:  # a leaf's units: the rank may not use all of them; reduced by flush, in order
             b.defer = id(b.state.unit) in self.leaf_units
-        # the collectives of this micro step, (unit index, 0 gather / 1 reduce): compared across ranks
-        self._collectives: list[tuple[int, int]] = []  # the first _SEQ_KEEP, for the error message
-        self._seq_hash, self._seq_len = 0, 0
+        self._reset_collectives()  # this micro step's fingerprint (.divergence)
         by_comm: dict[int, tuple[Any, list[UnitBucket]]] = {id(self.comm): (self.comm, [])}
         for b in buckets:  # MoE expert units: one reducer per expert-data-parallel group
             by_comm.setdefault(id(b.state.unit.comm), (b.state.unit.comm, []))[1].append(b)
@@ -458,301 +336,6 @@ class Stage3(ZeroStage):
             sum(1 for s in self.units if s.unit.persistent), self.world, self.offload_opt, self.offload_param,
         )
 
-    # ------------------------------------------------------------------ construction
-    def _merge_leaves(self, module: torch.nn.Module) -> set[int]:
-        """Give each outermost ZeRO-3 leaf module the units of its whole subtree and take its submodules'
-        away (they get no hooks). Marks the leaf's parameters (``ds_z3_leaf_module``, as DeepSpeed).
-
-        Returns:
-            ``id`` of every unit inside a leaf.
-        """
-        inside: set[int] = set()
-        done: set[torch.nn.Module] = set()
-        for leaf in module.modules():
-            if leaf in done or not z3_leaf_module(leaf):
-                continue
-            units: list[_UnitState] = []
-            for sub in leaf.modules():
-                done.add(sub)
-                for st in self.module_units.pop(sub, []):
-                    if st not in units:
-                        units.append(st)
-            for p in leaf.parameters():
-                p.ds_z3_leaf_module = leaf  # type: ignore[attr-defined]
-            if units:
-                self.module_units[leaf] = units
-                inside.update(id(st.unit) for st in units)
-            log.info("ZeRO stage 3: %r (%s) is a leaf module: %d unit(s) gathered together",
-                     self.module_names.get(leaf, "?"), type(leaf).__name__, len(units))
-        return inside
-
-    @torch.no_grad()
-    def _make_units(
-        self, mod: torch.nn.Module, params: list[torch.nn.Parameter], key_of: dict[int, int], owner: dict[int, _UnitState]
-    ) -> torch.device:
-        # full values of this module's parameters (gathering those built under zero.Init)
-        init_units = []
-        for p in params:
-            u = unit_of(p)
-            if u is not None and u not in init_units:
-                init_units.append(u)
-        for u in init_units:
-            u.gather()
-        values = [p.detach().to(self.compute_dtype).clone() for p in params]
-        device = params[0].device
-        for u in init_units:
-            u.release()
-        by_key: dict[tuple[int, int], tuple[int, Any, list[int]]] = {}
-        for i, p in enumerate(params):
-            key = key_of.get(id(p), _FROZEN)
-            comm = self.group_comms[key] if key != _FROZEN else expert_comm(self.comm, p, self._mesh)
-            by_key.setdefault((key, id(comm)), (key, comm, []))[2].append(i)
-        for key, comm, idx in by_key.values():
-            ps = [params[i] for i in idx]
-            for p in ps:
-                if hasattr(p, "ds_shape"):
-                    del p.ds_shape
-            unit = FlatUnit(ps, comm, dtype=self.compute_dtype, device=device, name=f"{type(mod).__name__}:{key}")
-            unit.load_full([values[i] for i in idx])
-            unit.persistent = unit.numel <= self.persistence_threshold
-            if not unit.persistent and (self.quantize_weights or (self.quantize_frozen and key == _FROZEN)):
-                # persistent units are gathered once per step: kept exact. Blocks of at most QUANT_BLOCK
-                # elements that split this rank's chunk evenly (no padding beyond a few elements)
-                blocks = -(-unit.chunk // QUANT_BLOCK)
-                unit.quantize_block = -(-unit.chunk // blocks)
-            if self.hpz is not None and not unit.persistent and unit.comm is self.comm:
-                self.hpz.attach([unit], store=torch.device("cpu") if self.offload_param else None)
-                unit.secondary.keep_initial()  # type: ignore[union-attr]  # kept from the first partitioning
-            if not unit.persistent:
-                unit.release()
-            st = _UnitState(unit, key, len(self.units))
-            self.units.append(st)
-            self.by_unit[id(unit)] = st
-            for p in ps:
-                owner[id(p)] = st
-        return device
-
-    @torch.no_grad()
-    def _consolidate(self) -> None:
-        """Move each unit's partition into one flat tensor per group; build masters and layouts."""
-        keys = list(range(len(self.group_params))) + [_FROZEN]
-        self.parts: dict[int, torch.Tensor] = {}
-        self.layouts: list[GroupLayout] = [GroupLayout() for _ in self.group_params]
-        self.masters: list[torch.nn.Parameter | None] = [None] * len(self.group_params)
-        self.master_grads: list[torch.Tensor] = [torch.zeros(0) for _ in self.group_params]
-        for key in keys:
-            members = [s for s in self.units if s.key == key]
-            if not members:
-                continue
-            total = sum(s.unit.chunk for s in members)
-            part = (
-                host_tensor(total, self.compute_dtype, self.pin_param, self.ctx.accelerator)
-                if self.offload_param
-                else torch.zeros(total, dtype=self.compute_dtype, device=self.device)
-            )
-            off = 0
-            layout = self.layouts[key] if key != _FROZEN else GroupLayout()
-            for s in members:
-                u = s.unit
-                part[off : off + u.chunk].copy_(u.partition)
-                u.partition = part[off : off + u.chunk]
-                s.part_offset = off
-                layout.segments.append(
-                    Segment(
-                        part_offset=off,
-                        chunk=u.chunk,
-                        names=[self.names.get(id(p), f"param_{id(p)}") for p in u.params],
-                        offsets=list(u.offsets),
-                        numels=list(u.numels),
-                        shapes=list(u.shapes),
-                    )
-                )
-                off += u.chunk
-            layout.numel = total
-            self.parts[key] = part
-            if key == _FROZEN:
-                continue
-            shared = (
-                not self.offload_opt and not self.nvme_param and self.compute_dtype == torch.float32
-                and part.device == self.device
-            )
-            if shared:
-                master = part
-            elif self.offload_opt:
-                master = host_tensor(total, torch.float32, self.pin_opt, self.ctx.accelerator)
-                master.copy_(part)
-            else:
-                master = part.to(device=self.device, dtype=torch.float32).clone()
-            mgrad = host_tensor(total, torch.float32, self.pin_opt, self.ctx.accelerator) if self.offload_opt else torch.zeros(
-                total, dtype=torch.float32, device=master.device
-            )
-            mp = torch.nn.Parameter(master, requires_grad=True)
-            mp.grad = mgrad
-            self.masters[key] = mp
-            self.master_grads[key] = mgrad
-            if not shared:
-                for s in members:
-                    s.unit.on_modified.append(self._refresh_master_from)
-
-    def _partition_target(self, key: int) -> Any:
-        """Where group ``key``'s updated values go: its flat partition, or with parameters on NVMe a
-        ``write(start, values)`` over its units' swap files."""
-        if self._pswap is None:
-            return self.parts[key]
-        members = [s for s in self.units if s.key == key]
-        units, offsets = [s.unit for s in members], [s.part_offset for s in members]
-        return lambda start, values: self._pswap.write_range(units, offsets, start, values)  # type: ignore[union-attr]
-
-    def _partition_values(self, key: int) -> torch.Tensor:
-        """Group ``key``'s partition (with parameters on NVMe: read back unit by unit, a copy)."""
-        if self._pswap is None:
-            return self.parts[key]
-        return torch.cat([self._pswap.read(s.unit) for s in self.units if s.key == key])
-
-    def _refresh_master_from(self, unit: FlatUnit) -> None:
-        s = self.by_unit[id(unit)]
-        m = self.masters[s.key]
-        if m is not None:
-            nvme_write_master(self._optimizer, m, s.part_offset, unit.partition)  # in swap under NVMe offload
-
-    # ------------------------------------------------------------------ gathering policy
-    def _fetch(self, s: _UnitState, *, async_op: bool = False) -> None:
-        u = s.unit
-        if u.persistent:
-            if not async_op:
-                u.wait()
-            return
-        if not u.gathered:
-            self._make_room(u.numel)
-            self._note_collective(s.index, 0)
-            u.gather(async_op=async_op, quantized=True)  # training gathers: ZeRO++ quantized when enabled
-        elif not async_op:
-            u.wait()
-        self._gathered[id(u)] = s
-        self._gathered.move_to_end(id(u))
-
-    def _live(self) -> int:
-        return sum(s.unit.numel for s in self._gathered.values())
-
-    def _make_room(self, numel: int) -> None:
-        live = self._live()
-        if live + numel <= self.max_live:
-            return
-        for key in list(self._gathered):
-            if live + numel <= self.max_live:
-                break
-            s = self._gathered[key]
-            if key in self._in_use:
-                continue
-            self._release(s)
-            live -= s.unit.numel
-
-    def _release(self, s: _UnitState) -> None:
-        if s.unit.persistent:
-            return
-        s.unit.release()
-        self._gathered.pop(id(s.unit), None)
-
-    def _prefetch(self, mod: torch.nn.Module, direction: int) -> None:
-        pos = self._trace_pos.get(mod)
-        if pos is not None and self._pswap is not None:  # start NVMe reads of the next units (buffer_count)
-            order = self._trace[pos + 1 :] if direction > 0 else self._trace[pos - 1 :: -1] if pos > 0 else []
-            self._pswap.prefetch(s.unit for m in order for s in self.module_units.get(m, []) if not s.unit.gathered)
-        if pos is None or self.prefetch_bucket <= 0:
-            return
-        budget = self.prefetch_bucket
-        live = self._live()
-        i = pos + direction
-        while 0 <= i < len(self._trace):
-            for s in self.module_units.get(self._trace[i], []):
-                u = s.unit
-                if u.persistent or u.gathered:
-                    continue
-                if u.numel > budget or live + u.numel > self.max_live:
-                    return
-                budget -= u.numel
-                live += u.numel
-                self._fetch(s, async_op=True)
-            i += direction
-
-    def _reuse_distance(self, mod: torch.nn.Module) -> int:
-        """Elements fetched between this module's forward and its backward (rest of forward, twice)."""
-        pos = self._trace_pos.get(mod)
-        if pos is None:
-            return 0
-        after = sum(s.unit.numel for m in self._trace[pos + 1 :] for s in self.module_units.get(m, []))
-        return 2 * after
-
-    # ------------------------------------------------------------------ hooks
-    def _pre_forward(self, mod: torch.nn.Module, args: Any) -> None:
-        units = self.module_units[mod]
-        if self._recording is not None and torch.is_grad_enabled():
-            self._recording.append(mod)
-        for s in units:
-            self._in_use.add(id(s.unit))
-        timers = active_timers()
-        t0 = clock(timers)
-        # launch this module's gathers and the prefetches before waiting, so all are in flight together
-        try:
-            for s in units:
-                self._fetch(s, async_op=True)
-            self._prefetch(mod, +1)
-            for s in units:
-                s.unit.wait()
-        except DistributedError as exc:
-            raise self._gather_failed(mod, exc) from exc
-        if timers is not None:
-            timers.add("forward.allgather_wait", clock(timers) - t0)
-
-    def _post_forward(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
-        units = self.module_units[mod]
-        for s in units:
-            self._in_use.discard(id(s.unit))
-        grad = torch.is_grad_enabled()
-        keep = grad and self._reuse_distance(mod) <= self.max_reuse
-        # a unit kept for backward needs no re-gather unless max_live_parameters may evict it
-        if grad and (not keep or self._may_evict):
-            tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-            if tensors:
-                torch.autograd.graph.register_multi_grad_hook(
-                    tensors, lambda _g, m=mod: self._pre_backward(m), mode="any"
-                )
-        if not keep:
-            for s in units:
-                self._release(s)
-
-    def _root_post_forward(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
-        if not torch.is_grad_enabled():
-            self._check_same_collectives()
-
-    def _pre_backward(self, mod: torch.nn.Module) -> None:
-        units = self.module_units[mod]
-        for s in units:
-            if s.trainable:
-                self._in_use.add(id(s.unit))
-            self._fetch(s, async_op=True)
-        try:
-            self._prefetch(mod, -1)
-            for s in units:
-                s.unit.wait()
-        except DistributedError as exc:
-            raise self._gather_failed(mod, exc) from exc
-
-    def _gather_failed(self, mod: torch.nn.Module, exc: DistributedError) -> DistributedError:
-        """A gather whose peers posted another collective (different sizes): most often ranks running
-        different modules; say which module this rank was entering and how to make its block a leaf."""
-        return DistributedError(
-            f"{exc} [ZeRO stage 3 was gathering the parameters of {self.module_names.get(mod, '?')!r} "
-            f"({type(mod).__name__}); if the ranks run different modules (e.g. experts of a mixture-of-experts "
-            "block), flag the block as a ZeRO-3 leaf before dscore.initialize: zero_optimization.leaf_module "
-            '{"classes": [...]} or dscore.zero.set_z3_leaf_modules(model, [BlockClass])]'
-        )
-
-    def _reduce_launched(self, b: ReduceBucket) -> None:
-        assert isinstance(b, UnitBucket)
-        self._note_collective(b.state.index, 1)
-        self._in_use.discard(id(b.state.unit))
-        self._release(b.state)
 
     # ------------------------------------------------------------------ contract
     @property
@@ -815,95 +398,6 @@ class Stage3(ZeroStage):
             self._release(s)
         self._check_same_collectives()
 
-    def _note_collective(self, index: int, kind: int) -> None:
-        """Fold a gather (kind 0) or reduction (kind 1) of unit ``index`` into this micro step's fingerprint
-        (a polynomial hash mod the Mersenne prime 2**61 - 1; forward-only use between backwards adds to
-        it without growing memory beyond the first ``_SEQ_KEEP`` entries)."""
-        self._seq_hash = (self._seq_hash * 1_000_003 + 2 * index + kind + 1) % _SEQ_MOD
-        self._seq_len += 1
-        if len(self._collectives) < _SEQ_KEEP:
-            self._collectives.append((index, kind))
-
-    def _check_same_collectives(self) -> None:
-        """Refuse a micro step in which ranks issued different gathers/reductions (ran different modules).
-
-        Stage 3 issues collectives from module hooks; a rank that skipped or added a module paired its
-        collectives with other units on the other ranks, so its gradients are wrong. One all-reduce of a
-        fingerprint per micro step (4 int64) detects that before any optimizer step uses them.
-
-        Raises:
-            DistributedError: the sequences differ; names the first differing module on each rank and
-                how to make it a ZeRO-3 leaf (identical on every rank).
-        """
-        seq, self._collectives = self._collectives, []
-        h, n = self._seq_hash, self._seq_len
-        self._seq_hash, self._seq_len = 0, 0
-        if self.world == 1:
-            return
-        fp = torch.tensor([h, n, -h, -n], dtype=torch.int64, device=self.device)
-        self.comm.all_reduce(fp, op="max")
-        if int(fp[0]) == -int(fp[2]) and int(fp[1]) == -int(fp[3]):
-            return
-        every = self.comm.all_gather_object(seq)
-        raise DistributedError(self._divergence_message(every))
-
-    def _unit_module(self, index: int) -> torch.nn.Module | None:
-        u = self.units[index]
-        return next((m for m, us in self.module_units.items() if u in us), None)
-
-    def _divergence_message(self, every: list[list[tuple[int, int]]]) -> str:
-        n = min(len(s) for s in every)
-        pos = next((i for i in range(n) if len({s[i] for s in every}) > 1), n)
-        kinds = ("gathered the parameters of", "reduced the gradients of")
-        mods: list[torch.nn.Module] = []
-        lines = []
-        for r, s in enumerate(every):
-            if pos < len(s):
-                m = self._unit_module(s[pos][0])
-                if m is not None:
-                    mods.append(m)
-                lines.append(f"rank {r} {kinds[s[pos][1]]} {self.module_names.get(m, '?')!r}" if m is not None
-                             else f"rank {r} {kinds[s[pos][1]]} unit {s[pos][0]}")
-            else:
-                lines.append(f"rank {r} issued no more collectives")
-        suggest = self._leaf_candidate(mods)
-        hint = (
-            f'zero_optimization.leaf_module {{"classes": ["{type(suggest).__name__}"]}} or '
-            f"dscore.zero.set_z3_leaf_modules(model, [{type(suggest).__name__}]) (module "
-            f"{self.module_names.get(suggest, '?')!r})"
-            if suggest is not None
-            else 'zero_optimization.leaf_module {"classes": [...]} or dscore.zero.set_z3_leaf_modules(model, [...])'
-        )
-        return (
-            f"ZeRO stage 3: the ranks ran different modules in this micro step (collective #{pos}: "
-            + "; ".join(lines)
-            + "). Stage 3 gathers each module's parameters from its forward hook, so every rank must run the "
-            "same modules in the same order; this micro step's gradients are wrong and no optimizer step was "
-            "taken with them. Flag the block whose submodules run per rank (e.g. a mixture-of-experts block "
-            f"skipping experts without tokens) as a ZeRO-3 leaf before dscore.initialize: {hint}."
-        )
-
-    def _leaf_candidate(self, mods: list[torch.nn.Module]) -> torch.nn.Module | None:
-        """The innermost module containing all of ``mods`` that has its own forward (not a container)."""
-        names = [self.module_names.get(m) for m in mods]
-        if not names or any(n is None for n in names):
-            return None
-        parts = [n.split(".") if n else [] for n in names]  # type: ignore[union-attr]
-        common: list[str] = []
-        for segs in zip(*parts):
-            if len(set(segs)) > 1:
-                break
-            common.append(segs[0])
-        if len(set(names)) == 1:  # one module ran on some ranks only: its parent decides
-            common = common[:-1]
-        by_name = {n: m for m, n in self.module_names.items()}
-        while True:
-            m = by_name.get(".".join(common))
-            if m is not None and not isinstance(m, torch.nn.ModuleList | torch.nn.ModuleDict):
-                return m
-            if not common:
-                return None
-            common.pop()
 
     def step(self) -> StepOutcome:
         """Unscale, overflow check, global-norm clip, optimizer step, refresh partitions, zero grads."""
@@ -913,25 +407,6 @@ class Stage3(ZeroStage):
             offload=self.offload_opt, publish=self._masters_to_partitions, zero_grad=self.zero_grad,
             post_divisor=self.divisors[1],
         )
-
-    @torch.no_grad()
-    def _masters_to_partitions(self) -> None:
-        if self.hpz is not None:  # trainable partitions change: their hpZ copies are stale (frozen ones keep)
-            self.hpz.invalidate(s.unit for s in self.units if s.trainable)
-        for key, m in enumerate(self.masters):
-            # an empty master is on NVMe: its step already wrote the partition
-            if m is None or not m.numel():
-                continue
-            target = self._partition_target(key)
-            if not isinstance(target, torch.Tensor):
-                target(0, m.data)
-            elif m.data.data_ptr() != target.data_ptr():
-                target.copy_(m.data)
-        persistent = [s.unit for s in self.units if s.unit.persistent]
-        for u in persistent:
-            u.refresh(async_op=True)
-        for u in persistent:
-            u.wait()
 
     def zero_grad(self) -> None:
         """Drop accumulated gradient partitions (and any staged or per-parameter gradients)."""
@@ -943,22 +418,6 @@ class Stage3(ZeroStage):
                 for p in s.unit.params:
                     p.grad = None
         self._fresh = True
-
-    # ------------------------------------------------------------------ checkpoints
-    def state_dict(self) -> dict[str, Any]:
-        """Full tensors keyed by parameter name (collective: call on every rank)."""
-        with nvme_materialized(self._optimizer):
-            out = partitioned_state_dict(self._optimizer, self._pairs, self.comm, self.loss_scaler, comms=self._pair_comms)
-        # MoE experts under their global names, every EP rank's: loadable at any ep_size
-        return globalize_state(self.ctx.module, out) if self.has_experts else out
-
-    def load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool = True) -> None:
-        """Re-partition a state saved at any world size (fp32 masters also refresh the partitions; MoE
-        experts: this rank's, found under their global names)."""
-        if self.has_experts:
-            state = localize_state(self.ctx.module, state)
-        with nvme_materialized(self._optimizer, write_back=True):
-            self._load_state_dict(state, load_optimizer_states=load_optimizer_states)
 
     def empty_partition_cache(self) -> None:
         """Release every gathered, non-persistent unit (not one in use by a running forward) and free the
@@ -978,81 +437,6 @@ class Stage3(ZeroStage):
             self._nvme.close()
         if self._pswap is not None:
             self._pswap.close()
-
-    @torch.no_grad()
-    def _load_state_dict(self, state: dict[str, Any], *, load_optimizer_states: bool) -> None:
-        load_partitioned_state(
-            state, opt=self._optimizer, pairs=self._pairs, rank=self.rank, loss_scaler=self.loss_scaler,
-            load_optimizer_states=load_optimizer_states,
-            masters_loaded=lambda loaded: self._masters_to_partitions() if loaded else self._partitions_to_masters(),
-            ranks=self._pair_ranks,
-            load_fp32_masters=self.load_from_fp32_weights,
-        )
-
-    def _partitions_to_masters(self) -> None:
-        for key, m in enumerate(self.masters):
-            if m is not None and (key not in self.parts or m.data.data_ptr() != self.parts[key].data_ptr()):
-                m.data.copy_(self._partition_values(key))
-
-    @torch.no_grad()
-    def module_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full state dict, gathered one unit at a time (collective: call on every rank). MoE experts are
-        gathered over their expert-data-parallel group and named by their global index, every EP rank's
-        (collective over the expert-parallel group, :mod:`dscore.moe.checkpoint`)."""
-        module = self.ctx.module
-        keys = list(module.state_dict(keep_vars=True).keys())
-        values: dict[int, torch.Tensor] = {}
-        for s in self.units:
-            u = s.unit
-            was = u.gathered
-            u.gather()
-            for p, v in zip(u.params, u.full_values()):
-                values[id(p)] = v.clone()
-            if not was:
-                u.release()
-        named: dict[str, torch.Tensor] = {}
-        for n, p in module.named_parameters(remove_duplicate=False):
-            named[n] = values[id(p)]
-        for n, b in module.named_buffers(remove_duplicate=False):
-            named[n] = b.detach().clone()
-        out = OrderedDict((k, named[k]) for k in keys if k in named)
-        return OrderedDict(ExpertNaming(module).globalize(dict(out))) if self.has_experts else out
-
-    @torch.no_grad()
-    def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
-        """Load full weights: each unit is gathered, overwritten, re-partitioned (masters refreshed). MoE
-        experts: this rank's, found under their global names.
-
-        Raises:
-            KeyError: ``strict`` and a parameter or buffer is missing from ``state`` (names it).
-        """
-        module = self.ctx.module
-        if self.has_experts:
-            state = ExpertNaming(module).localize(dict(state))
-        names_of: dict[int, list[str]] = {}
-        for n, p in module.named_parameters(remove_duplicate=False):
-            names_of.setdefault(id(p), []).append(n)
-        for s in self.units:
-            u = s.unit
-            was = u.gathered
-            u.gather()
-            for p, v in zip(u.params, u.full_values()):
-                name = next((n for n in names_of.get(id(p), []) if n in state), None)
-                if name is None:
-                    if strict:
-                        raise KeyError(f"state dict has no entry for parameter {names_of.get(id(p), ['?'])[0]!r}")
-                    continue
-                v.copy_(state[name].reshape(v.shape))
-            u.write_back()
-            if s.trainable and self.masters[s.key] is not None:
-                self._refresh_master_from(u)
-            if not was:
-                u.release()
-        for n, b in module.named_buffers():
-            if n in state:
-                b.copy_(state[n])
-            elif strict:
-                raise KeyError(f"state dict has no entry for buffer {n!r}")
 
     def partition_bytes(self) -> dict[str, int]:
         """Bytes on this rank: optimizer state (+ separate fp32 masters), parameter partitions and

@@ -1,6 +1,6 @@
 """Symmetric blockwise quantization for ZeRO++ (Wang et al. 2023, "ZeRO++: Extremely Efficient Collective
 Communication for Giant Model Training"): int8 for quantized weights ("qwZ", §3.1) and packed int4 for
-quantized gradients ("qgZ", §3.3; :mod:`dscore.zero.qgz`).
+quantized gradients ("qgZ", §3.3; :mod:`dscore_plugins.zeropp.qgz`).
 
 **int8** (weights):
 A flat tensor is cut into blocks of ``block`` elements (the last one zero-padded); each block ``b`` gets

@@ -33,23 +33,25 @@ partition (the host under ``offload_param: cpu``, copied to the device for each 
 ``engine.empty_partition_cache()`` drops them too. Persistent units (``stage3_param_persistence_threshold``)
 stay gathered and keep none.
 
-This is core code (no plugin imports): the stage-3 plugin attaches a :class:`HierarchicalPartitioning`
-to its units; :class:`FlatUnit` consults a unit's :attr:`~dscore.zero.partition.FlatUnit.secondary`.
+The stage-3 plugin builds a :class:`HierarchicalPartitioning` (:func:`build_hierarchical_partitioning`,
+resolved through the registry as the ``zero_feature:hpz`` unit) and attaches it to its units: each unit's
+:class:`SecondaryPartition` becomes its :class:`~dscore.zero.partition.GatherStrategy`, wrapping the
+strategy it had (the plain all-gather, or qwZ's :class:`~dscore_plugins.zeropp.qwz.QuantizedGather`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from dscore.comm import Comm, Work
 from dscore.errors import ConfigError
-
-if TYPE_CHECKING:
-    from dscore.zero.partition import FlatUnit
+from dscore.zero.partition import FlatUnit, GatherStrategy
+from dscore_plugins.zeropp.quantize import quantize_int8_blockwise
+from dscore_plugins.zeropp.qwz import QuantizedGather
 
 __all__ = ["HierarchicalPartitioning", "SecondaryPartition", "build_hierarchical_partitioning"]
 
@@ -59,7 +61,8 @@ _KEY = "zero_optimization.zero_hpz_partition_size"
 
 
 class SecondaryPartition:
-    """One unit's secondary partition: piece ``index`` of ``size`` of its last full gather.
+    """One unit's secondary partition: piece ``index`` of ``size`` of its last full gather, and the unit's
+    :class:`~dscore.zero.partition.GatherStrategy` while attached.
 
     Holds either the exact values (``padded / size`` elements of the unit's dtype) or, after a ZeRO++
     quantized gather, this piece of the int8 blocks and of the fp32 block scales every rank sent.
@@ -68,13 +71,17 @@ class SecondaryPartition:
         unit: the unit (its ``comm`` is the primary group; ``unit.rank % size`` must be ``comm.rank``).
         comm: the hpZ group (``size`` ranks, ordered like the unit's ranks inside the block).
         store: the device the kept copy lives on (the unit's primary partition's device).
+        inner: the strategy of the gathers over the whole group (the unit's strategy before hpZ): the plain
+            all-gather, or a :class:`~dscore_plugins.zeropp.qwz.QuantizedGather` whose int8 gathers are
+            kept quantized.
     """
 
-    __slots__ = ("unit", "comm", "size", "index", "store", "exact", "q", "scales")
+    __slots__ = ("unit", "comm", "inner", "size", "index", "store", "exact", "q", "scales")
 
-    def __init__(self, unit: FlatUnit, comm: Comm, store: torch.device) -> None:
+    def __init__(self, unit: FlatUnit, comm: Comm, store: torch.device, inner: GatherStrategy) -> None:
         self.unit = unit
         self.comm = comm
+        self.inner = inner
         self.size = int(comm.world_size)
         self.index = int(comm.rank)
         self.store = store
@@ -94,6 +101,31 @@ class SecondaryPartition:
     def drop(self) -> None:
         """Forget the kept copy (the unit's values changed, or memory is being freed)."""
         self.exact = self.q = self.scales = None
+
+    @property
+    def quantizer(self) -> QuantizedGather | None:
+        """The qwZ strategy of the unit's training gathers, or None when they are exact."""
+        return self.inner if isinstance(self.inner, QuantizedGather) else None
+
+    # ------------------------------------------------------------------ GatherStrategy
+    def launch(self, unit: FlatUnit, *, exact: bool) -> tuple[Work | None, bool]:
+        """Gather inside the block from the kept copy when it is of the kind asked for (quantized for a
+        training gather of a qwZ unit, exact otherwise); else over the whole group through :attr:`inner`,
+        keeping this rank's piece of what arrives."""
+        qw = self.quantizer
+        quantized = not exact and qw is not None
+        work = self.launch_kept(quantized)
+        if work is not None:
+            return work, not quantized
+        if quantized:
+            assert qw is not None
+            return qw.launch_quantized(unit, on_gathered=self.keep_quantized), False
+        work, got_exact = self.inner.launch(unit, exact=True)
+        return Work([work], self.keep_exact), got_exact
+
+    def invalidate(self, unit: FlatUnit) -> None:
+        """The unit's partition changed: the kept copy is stale."""
+        self.drop()
 
     def _piece(self, flat: torch.Tensor) -> torch.Tensor:
         return flat.view(-1).chunk(self.size)[self.index].to(self.store, copy=True)
@@ -117,12 +149,11 @@ class SecondaryPartition:
         each rank's chunk in its piece, computed here as that rank's gather would (same values, same code:
         the same bits)."""
         unit = self.unit
-        block = unit.quantize_block
-        if not block:
+        qw = self.quantizer
+        if qw is None:
             self.keep_exact()
             return
-        from dscore.zero.quantize import quantize_int8_blockwise
-
+        block = qw.block
         per, chunk = unit.world // self.size, unit.chunk
         pieces = [quantize_int8_blockwise(unit.full[r * chunk : (r + 1) * chunk], block)
                   for r in range(self.index * per, (self.index + 1) * per)]  # fmt: skip
@@ -130,12 +161,12 @@ class SecondaryPartition:
         self.q = torch.cat([q for q, _ in pieces]).to(self.store)
         self.scales = torch.cat([s for _, s in pieces]).to(self.store)
 
-    def launch(self, quantized: bool) -> Work | None:
+    def launch_kept(self, quantized: bool) -> Work | None:
         """Start the unit's gather from the secondary partitions of its block, or return None when the
         kept copy is not of the requested kind (the unit then gathers over the whole group).
 
         Args:
-            quantized: the gather is a ZeRO++ quantized one (:attr:`FlatUnit.quantized_view`).
+            quantized: the gather is a ZeRO++ quantized one (int8 blocks and scales are kept).
         """
         unit = self.unit
         device = unit.full.device
@@ -152,7 +183,9 @@ class SecondaryPartition:
                 self.comm.all_gather_into_tensor(q_all, q, async_op=True),
                 self.comm.all_gather_into_tensor(s_all, s, async_op=True),
             ]
-            return Work(works, lambda: unit.dequantize_gathered(q_all, s_all))
+            qw = self.quantizer
+            assert qw is not None  # int8 blocks are kept only from a qwZ gather
+            return Work(works, lambda: qw.dequantize_into(unit, q_all, s_all))
         return None
 
 
@@ -179,23 +212,33 @@ class HierarchicalPartitioning:
                 path=_KEY,
             )
         self.secondaries: list[SecondaryPartition] = []
+        self._of: dict[int, SecondaryPartition] = {}
 
-    def attach(self, units: Iterable[FlatUnit], store: torch.device | None = None) -> None:
-        """Give each unit a :class:`SecondaryPartition`.
+    def attach(self, units: Iterable[FlatUnit], store: torch.device | None = None) -> list[SecondaryPartition]:
+        """Give each unit a :class:`SecondaryPartition`, which becomes its gather strategy (wrapping the
+        one it had: set a unit's qwZ strategy before attaching).
 
         Args:
             store: where the kept copies live (the host under parameter offload); default: the device of
                 the unit's primary partition.
 
+        Returns:
+            the new secondary partitions, in ``units`` order (nothing kept yet: see
+            :meth:`SecondaryPartition.keep_initial`).
+
         Raises:
             ValueError: a unit is partitioned over another group than the primary one.
         """
+        out = []
         for u in units:
             if u.world != self.world:
                 raise ValueError(f"unit {u.name!r} is partitioned over {u.world} ranks, hpZ's group over {self.world}")
-            sec = SecondaryPartition(u, self.comm, store if store is not None else u.partition.device)
-            u.secondary = sec
+            sec = SecondaryPartition(u, self.comm, store if store is not None else u.partition.device, u.gather_strategy)
+            u.gather_strategy = sec
             self.secondaries.append(sec)
+            self._of[id(u)] = sec
+            out.append(sec)
+        return out
 
     def invalidate(self, units: Iterable[FlatUnit] | None = None) -> None:
         """Drop the secondary partitions of ``units`` (all when None): their values changed or memory is freed."""
@@ -204,8 +247,9 @@ class HierarchicalPartitioning:
                 s.drop()
             return
         for u in units:
-            if u.secondary is not None:
-                u.secondary.drop()
+            sec = self._of.get(id(u))
+            if sec is not None:
+                sec.drop()
 
     def nbytes(self) -> int:
         """Bytes of secondary partitions kept on this rank."""

@@ -17,7 +17,7 @@ its node's ranks. Two sub-groups are built once, with ``Comm.new_group``: the *i
 elements, chunk ``r`` being rank ``r``'s partition):
 
 1. each destination chunk is cut into blocks of at most :data:`QGZ_BLOCK` elements (evenly, even sizes,
-   zero-padded), quantized to int4 with an fp32 scale per block (:func:`dscore.zero.quantize.quantize_int4_blockwise`);
+   zero-padded), quantized to int4 with an fp32 scale per block (:func:`dscore_plugins.zeropp.quantize.quantize_int4_blockwise`);
 2. intra-node all-to-all: local peer ``l'`` receives the chunks of ranks ``R(n', l')`` for every node ``n'``
    (packed nibbles and scales in one uint8 message);
 3. each rank dequantizes the ``L`` copies it received and sums them (fp32): partial sums over its node of
@@ -66,7 +66,7 @@ import torch
 
 from dscore.comm import Work
 from dscore.errors import ConfigError
-from dscore.zero.quantize import dequantize_int4_blockwise, quantize_int4_blockwise
+from dscore_plugins.zeropp.quantize import dequantize_int4_blockwise, quantize_int4_blockwise
 
 if TYPE_CHECKING:
     from dscore.comm import Comm
