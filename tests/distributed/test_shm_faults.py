@@ -55,7 +55,7 @@ def _fault_worker(rank: int, world: int, port: int, scenario: str, results: Any)
         import torch.distributed as dist
 
         from dscore.comm import Comm
-        from dscore.comm.shm import channel_for
+        from dscore_plugins.comm.shm import channel_for
         from dscore.errors import DistributedError
 
         torch.set_num_threads(1)
@@ -201,7 +201,7 @@ def _job(tag: float) -> dict[str, Any]:
     import torch.distributed as dist
 
     from dscore.comm import Comm
-    from dscore.comm.shm import channel_for
+    from dscore_plugins.comm.shm import channel_for
 
     rank, world = dist.get_rank(), dist.get_world_size()
     comm = Comm(None, backend="gloo")

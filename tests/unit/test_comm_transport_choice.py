@@ -57,7 +57,7 @@ def _fake(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             monkeypatch.setattr(dist, name, record(name))
     monkeypatch.setattr(dist, "isend", forbidden)
     monkeypatch.setattr(dist, "irecv", forbidden)
-    import dscore.comm.shm as shm
+    import dscore_plugins.comm.shm.bootstrap as shm
 
     monkeypatch.setattr(shm, "channel_for", forbidden)
     return calls
