@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -143,6 +143,10 @@ class Comm:
     Raises:
         DistributedError: ``emulate`` names an operation that cannot be emulated.
     """
+
+    #: the process's owner of the default group dscore created (:data:`dscore.comm.init.PROCESS_GROUP_OWNER`,
+    #: which installs itself here): :meth:`destroy` asks it
+    group_owner: ClassVar[Any] = None
 
     def __init__(
         self,
@@ -579,11 +583,10 @@ class Comm:
         A group the user created is left alone (it is the user's to destroy). Returns True when the
         group was destroyed.
         """
-        if self.group is not None:
+        owner = Comm.group_owner
+        if self.group is not None or owner is None:  # no owner: dscore.init_distributed never ran here
             return False
-        from dscore.comm.init import PROCESS_GROUP_OWNER
-
-        return PROCESS_GROUP_OWNER.destroy("Comm.destroy() was called")
+        return bool(owner.destroy("Comm.destroy() was called"))
 
 
 # wrappers registered through dscore.comm.instrument (the comm plugin's comms logger) apply to its collectives

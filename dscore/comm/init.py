@@ -271,6 +271,7 @@ def _release_defaults(func: types.FunctionType, group: Any) -> int:
 
 #: the process-wide owner of the default process group dscore created (see :class:`ProcessGroupOwner`).
 PROCESS_GROUP_OWNER = ProcessGroupOwner()
+Comm.group_owner = PROCESS_GROUP_OWNER  # Comm.destroy() ends the group through it
 
 
 def default_timeout(environ: Mapping[str, str] | None = None) -> timedelta:
