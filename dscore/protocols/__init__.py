@@ -18,6 +18,7 @@ Kinds and their contracts:
   (:mod:`dscore.protocols.engine`);
 * collectives: :class:`Comm` — every collective in dscore goes through it — and its async :class:`Work`
   handles (:mod:`dscore.comm`);
+* comm transport: :class:`Transport`, :class:`TransportContext` (:mod:`dscore.protocols.transport`);
 * accelerator: :class:`Accelerator`, :class:`ProbeResult` (:mod:`dscore.accelerator`).
 """
 
@@ -53,6 +54,9 @@ _LAZY: dict[str, str] = {
     # collectives
     "Comm": "dscore.comm.facade:Comm",
     "Work": "dscore.comm.facade:Work",
+    # comm transport
+    "Transport": "dscore.protocols.transport:Transport",
+    "TransportContext": "dscore.protocols.transport:TransportContext",
     # accelerator
     "Accelerator": "dscore.accelerator.base:Accelerator",
     "ProbeResult": "dscore.accelerator.base:ProbeResult",
@@ -77,6 +81,8 @@ __all__ = [
     "SchedulerContext",
     "StepOutcome",
     "TorchClassParams",
+    "Transport",
+    "TransportContext",
     "Work",
     "ZeroStage",
     "ZeroStageContext",
@@ -98,6 +104,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from dscore.protocols.engine import Engine, EngineContext
     from dscore.protocols.precision import LossScaler, PrecisionMode
+    from dscore.protocols.transport import Transport, TransportContext
     from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
     from dscore.runtime.engine import DscoreEngine
     from dscore.zero.reducer import GradientReducer, ReduceBucket

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dscore.errors import DistributedError
 from dscore.comm.work import DONE, Work, launched
+from dscore.errors import DistributedError
 from dscore.protocols.transport import TransportContext
 from dscore_plugins.comm.shm import bootstrap
 from dscore_plugins.comm.shm.channel import Exchange, ShmChannel
