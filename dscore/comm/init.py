@@ -467,7 +467,7 @@ def init_distributed(
         PROCESS_GROUP_OWNER.note_created()
         manager.call("dscore_distributed_initialized", rank=env.rank, world_size=env.world_size, backend=spec.name)
 
-    comm = Comm(None, backend=backend_name, env=env, owns_group=created)
+    comm = Comm(None, backend=backend_name, env=env, owns_group=created, registry=reg)
     if verify_plugins and comm.get_world_size() > 1:
         try:
             ensure_all_arrived("initialize")
