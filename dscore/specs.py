@@ -346,21 +346,23 @@ class LauncherSpec(ComponentSpec):
 
 @dataclass(frozen=True, kw_only=True)
 class CommTransportSpec(ComponentSpec):
-    """A way :class:`dscore.comm.Comm` moves a collective's data (the backend's own collective, gloo
-    point-to-point, same-host shared memory, or a third party's), chosen per call like engines are.
+    """A way :class:`dscore.comm.Comm` moves a collective's data (gloo point-to-point, same-host shared
+    memory, or a third party's), chosen per call like engines are.
 
-    For each collective :class:`~dscore.comm.Comm` asks the transports in descending ``priority`` and runs it
-    on the first whose object accepts it (``transport.accepts(op, group, tensors)``); the native transport
-    (the backend's own collectives) accepts everything and has the lowest priority, so it is the fallback.
+    For each collective that may leave the backend (a sum/average all-reduce or reduce-scatter, or an
+    all-gather, of contiguous CPU tensors) :class:`~dscore.comm.Comm` asks its registered transports in
+    descending ``priority`` (ties by name) and runs it on the first whose object accepts it
+    (``transport.accepts(op, group, tensors)``); the native transport (the backend's own collectives, kept
+    in the core) is the fallback and the only one a device tensor takes. ``name`` is the unit a user
+    disables (``comm_transport:shm``).
 
     Attributes:
-        factory: import string of ``factory(ctx: dscore.protocols.TransportContext) -> Transport`` (the
-            :class:`dscore.comm.transports.Transport` contract), built once per :class:`~dscore.comm.Comm`.
-        priority: higher is asked first; ties between two transports that accept the same call are broken by
-            name, and two specs with equal priority from different plugins that both accept are reported by
-            ``dscore plugins list``.
-        op_builders: names of the op builders the transport needs (its C++ part, e.g. ``("shm_sync",)``): a
-            disabled or unbuildable op disables the transport, never the core.
+        factory: import string of ``factory(ctx: dscore.protocols.transport.TransportContext) -> Transport``
+            (the :class:`dscore.protocols.transport.Transport` contract), built once per
+            :class:`~dscore.comm.Comm`, at its first collective that may leave the backend.
+        priority: higher is asked first (the built-ins: ``shm`` 200, ``p2p`` 100).
+        op_builders: names of the op builders the transport needs (its C++ part, e.g. ``("shm_sync",)``): one
+            that is disabled or not registered leaves the transport out, never breaks the core.
     """
 
     kind: ClassVar[str] = "comm_transport"

@@ -13,12 +13,14 @@ tensors and returns the same work handles as ``torch.distributed``, with three c
 Every collective in dscore goes through this class (ZeRO stages, ``dscore.zero.Init``, checkpoints). Each
 one checks its arguments, shortcuts a one-rank group, picks a transport and runs the collective on it:
 
-* **Transports** (:mod:`dscore.comm.transports`, one module each): the backend's own collective
-  (:mod:`~dscore.comm.transports.native`, :attr:`Comm.native`; the default, and always for a non-CPU
-  tensor), gloo point-to-point (:mod:`~dscore.comm.transports.p2p`: on gloo, all-gathers and sum/average
-  reduce-scatters as pairwise exchanges, a ring's volume per rank) or same-host shared memory
-  (:mod:`~dscore.comm.transports.shm`: the same exchanges and sum/average all-reduces, when every rank of
-  the group is on this host; ``DSCORE_SHM=0`` turns it off). Every transport launches all of a
+* **Transports** (:mod:`dscore.comm.transports`): the backend's own collective
+  (:mod:`~dscore.comm.transports.native`, :attr:`Comm.native`; the fallback, and always for a non-CPU
+  tensor) or one of the registered ``comm_transport`` units, asked in descending priority
+  (:attr:`Comm.transports`, from this facade's registry: the runtime's, so ``plugins.disable`` holds).
+  The comm plugin registers gloo point-to-point (``p2p``: on gloo, all-gathers and sum/average
+  reduce-scatters as pairwise exchanges, a ring's volume per rank) and same-host shared memory
+  (``shm``: the same exchanges and sum/average all-reduces, when every rank of the group is on this
+  host; ``DSCORE_SHM=0`` or ``comm_transport:shm`` disabled turns it off). Every transport launches all of a
   collective's transfers in the launching call, numbered in launch order, so ``wait()`` only completes
   and any wait order (or a work never waited) gives torch's results. Other reduce ops use an all-reduce
   and a slice copy. ``DSCORE_GLOO_NATIVE=1`` turns the pairwise transports off (gloo's own calls are
@@ -42,19 +44,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
-from dscore.comm.comms_logger import instrument
-from dscore.comm.transports import Transport, pick
+from dscore.comm.instrument import instrumentable
+from dscore.comm.transports import Transport, current_registry, default_registry, pick, registered_transports
 from dscore.comm.transports.native import NativeTransport
 from dscore.comm.work import DONE, Work
 from dscore.errors import DistributedError, DscoreError
 
 if TYPE_CHECKING:
     from dscore.comm.env import DistributedEnv
+    from dscore.registry import Registry
 
 __all__ = ["Comm", "EMULABLE_OPS", "RankFailure", "Work", "reduce_op"]
 
@@ -128,14 +131,22 @@ class Comm:
         emulate: operations (of :data:`EMULABLE_OPS`) to emulate even if the backend has them.
         owns_group: True when the call that built this facade created the default group (so dscore
             owns it and may destroy it; see :mod:`dscore.comm.init`).
+        registry: where the registered transports come from (``comm_transport`` units); None: the
+            current runtime's when one is current at construction, else one over the installed plugins.
 
     Attributes:
         native: this facade's :class:`~dscore.comm.transports.native.NativeTransport` (the backend's own
             collectives and the emulations it switched to).
+        registry: the registry given, or the runtime's current at construction (None: resolved at the
+            first collective that may leave the backend).
 
     Raises:
         DistributedError: ``emulate`` names an operation that cannot be emulated.
     """
+
+    #: the process's owner of the default group dscore created (:data:`dscore.comm.init.PROCESS_GROUP_OWNER`,
+    #: which installs itself here): :meth:`destroy` asks it
+    group_owner: ClassVar[Any] = None
 
     def __init__(
         self,
@@ -145,6 +156,7 @@ class Comm:
         env: DistributedEnv | None = None,
         emulate: Iterable[str] = (),
         owns_group: bool = False,
+        registry: Registry | None = None,
     ) -> None:
         forced = {name.lower() for name in emulate}
         unknown = forced - EMULABLE_OPS
@@ -155,6 +167,8 @@ class Comm:
         self.env = env
         self.native = NativeTransport(backend, forced)  # the backend's own collectives and their emulations
         self.owns_group = bool(owns_group)
+        self.registry = registry if registry is not None else current_registry()
+        self._transports: tuple[Transport, ...] | None = None
         self._gloo_fast: dict[int, bool] = {}
 
     def __repr__(self) -> str:
@@ -243,16 +257,30 @@ class Comm:
         Collectives with ``group=None`` then run on ``group`` and :attr:`rank` / :attr:`world_size` are
         ranks of it (a pipeline stage's data-parallel group, for example). It never owns the group.
         """
-        other = Comm(group, backend=self.backend, env=self.env)
+        other = Comm(group, backend=self.backend, env=self.env, registry=self.registry)
         other.native = self.native.copy()
         return other
 
+    @property
+    def transports(self) -> tuple[Transport, ...]:
+        """The registered transports of this facade, in asking order (built from :attr:`registry` on first
+        use; :func:`dscore.comm.transports.registered_transports`)."""
+        if self._transports is None:
+            if self.registry is None:
+                self.registry = default_registry()
+            self._transports = registered_transports(
+                self.registry, backend=self.backend, pairwise=self.gloo_fast, native=self.native
+            )
+        return self._transports
+
     # ---------------------------------------------------------------- helpers
-    def _transport(self, grp: Any, *tensors: torch.Tensor) -> Transport | None:
-        """The pairwise transport for these tensors on ``grp`` (shared memory or gloo point-to-point), or
-        None for the backend's own collective (:attr:`native`): see :func:`dscore.comm.transports.pick`
-        (device tensors always take the backend's)."""
-        return pick(grp, self.gloo_fast(grp), tensors)
+    def _transport(self, op: str, grp: Any, eligible: bool, *tensors: torch.Tensor) -> Transport | None:
+        """The registered transport that runs ``op`` on ``grp`` for these tensors, or None for the backend's
+        own collective (:attr:`native`): see :func:`dscore.comm.transports.pick` (device tensors always
+        take the backend's; ``eligible`` False skips asking)."""
+        if not eligible:
+            return None
+        return pick(grp, True, tensors, op=op, transports=self.transports)
 
     @staticmethod
     def _require_floating(tensor: torch.Tensor, what: str) -> None:
@@ -279,12 +307,10 @@ class Comm:
             self._require_floating(tensor, "all_reduce")
         if self.get_world_size(grp) == 1:
             return _DONE if async_op else None
-        if _pairwise_op(rop) and tensor.is_contiguous() and tensor.dtype != torch.bool:
-            transport = self._transport(grp, tensor)
-            if transport is not None:
-                done = transport.all_reduce(tensor.view(-1), rop, grp, async_op)
-                if done is not NotImplemented:  # gloo point-to-point leaves all-reduces to the backend
-                    return done  # type: ignore[no-any-return]
+        eligible = _pairwise_op(rop) and tensor.is_contiguous() and tensor.dtype != torch.bool
+        transport = self._transport("all_reduce", grp, eligible, tensor)
+        if transport is not None:
+            return transport.all_reduce(tensor.view(-1), rop, grp, async_op)
         return self.native.all_reduce(tensor, rop, grp, async_op)
 
     def reduce_scatter_tensor(
@@ -329,14 +355,14 @@ class Comm:
             if output.data_ptr() != input.data_ptr():
                 output.copy_(input.reshape(output.shape))
             return _DONE if async_op else None
-        transport = self._transport(grp, input, output)
-        if transport is not None and _pairwise_op(rop):
+        transport = self._transport("reduce_scatter", grp, _pairwise_op(rop), input, output)
+        if transport is not None:
             flat = input.reshape(-1) if input.is_contiguous() else input.contiguous().view(-1)
             return transport.reduce_scatter(list(flat.split(n)), output, rop, grp, async_op)
-        # a reduce op the pairwise transports lack, on their group: the all-reduce emulation, as before
+        # on a pairwise (gloo, CPU) group, e.g. a reduce op the transports lack: the all-reduce emulation
         return self.native.reduce_scatter_tensor(
             output, input, rop, grp, async_op, reusable=input_reusable and input.is_contiguous(),
-            emulate=transport is not None,
+            emulate=self.gloo_fast(grp, input, output),
         )
 
     def reduce_scatter(
@@ -367,7 +393,8 @@ class Comm:
         if world == 1:
             output.copy_(input_list[0])
             return _DONE if async_op else None
-        transport = self._transport(grp, output, *input_list) if _pairwise_op(rop) and output.is_contiguous() else None
+        transport = self._transport("reduce_scatter", grp, _pairwise_op(rop) and output.is_contiguous(), output,
+                                    *input_list)
         if transport is not None:
             chunks = [
                 t.detach().reshape(-1) if t.is_contiguous() else t.detach().contiguous().view(-1) for t in input_list
@@ -405,7 +432,7 @@ class Comm:
             if flat_out.data_ptr() != input.data_ptr():
                 flat_out.copy_(input.reshape(-1))
             return _DONE if async_op else None
-        transport = self._transport(grp, input, output)
+        transport = self._transport("all_gather", grp, True, input, output)
         if transport is not None:
             return transport.all_gather(input.reshape(-1), list(flat_out.split(n)), grp, async_op)
         return self.native.all_gather_into_tensor(flat_out, input, grp, async_op)
@@ -423,7 +450,7 @@ class Comm:
                 tensor_list[0].copy_(tensor)
             return _DONE if async_op else None
         contiguous = tensor.is_contiguous() and all(t.is_contiguous() for t in tensor_list)
-        transport = self._transport(grp, tensor, *tensor_list) if contiguous else None
+        transport = self._transport("all_gather", grp, contiguous, tensor, *tensor_list)
         return (transport or self.native).all_gather(tensor, tensor_list, grp, async_op)
 
     def broadcast(self, tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Work | None:
@@ -556,12 +583,11 @@ class Comm:
         A group the user created is left alone (it is the user's to destroy). Returns True when the
         group was destroyed.
         """
-        if self.group is not None:
+        owner = Comm.group_owner
+        if self.group is not None or owner is None:  # no owner: dscore.init_distributed never ran here
             return False
-        from dscore.comm.init import PROCESS_GROUP_OWNER
-
-        return PROCESS_GROUP_OWNER.destroy("Comm.destroy() was called")
+        return bool(owner.destroy("Comm.destroy() was called"))
 
 
-# the comms_logger records every collective at its entry (dscore.comm.comms_logger)
-instrument(Comm)
+# wrappers registered through dscore.comm.instrument (the comm plugin's comms logger) apply to its collectives
+instrumentable(Comm)

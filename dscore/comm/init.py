@@ -272,6 +272,7 @@ def _release_defaults(func: types.FunctionType, group: Any) -> int:
 
 #: the process-wide owner of the default process group dscore created (see :class:`ProcessGroupOwner`).
 PROCESS_GROUP_OWNER = ProcessGroupOwner()
+Comm.group_owner = PROCESS_GROUP_OWNER  # Comm.destroy() ends the group through it
 
 
 def default_timeout(environ: Mapping[str, str] | None = None) -> timedelta:
@@ -469,7 +470,7 @@ def init_distributed(
         PROCESS_GROUP_OWNER.note_created()
         manager.call("dscore_distributed_initialized", rank=env.rank, world_size=env.world_size, backend=spec.name)
 
-    comm = Comm(None, backend=backend_name, env=env, owns_group=created)
+    comm = Comm(None, backend=backend_name, env=env, owns_group=created, registry=reg)
     if verify_plugins and comm.get_world_size() > 1:
         try:
             ensure_all_arrived("initialize")

@@ -22,6 +22,7 @@ Kinds and their contracts:
   handles (:mod:`dscore.comm`);
 * checkpoint layout: :class:`CheckpointLayout`, :class:`CheckpointSaveState`, :class:`CheckpointLoadRequest`,
   :class:`LoadedCheckpoint` (:mod:`dscore.protocols.checkpoint`); building blocks in :mod:`dscore.persistence`;
+* comm transport: :class:`Transport`, :class:`TransportContext` (:mod:`dscore.protocols.transport`);
 * accelerator: :class:`Accelerator`, :class:`ProbeResult` (:mod:`dscore.accelerator`).
 """
 
@@ -68,6 +69,9 @@ _LAZY: dict[str, str] = {
     # collectives
     "Comm": "dscore.comm.facade:Comm",
     "Work": "dscore.comm.facade:Work",
+    # comm transport
+    "Transport": "dscore.protocols.transport:Transport",
+    "TransportContext": "dscore.protocols.transport:TransportContext",
     # accelerator
     "Accelerator": "dscore.accelerator.base:Accelerator",
     "ProbeResult": "dscore.accelerator.base:ProbeResult",
@@ -101,6 +105,8 @@ __all__ = [
     "TorchClassParams",
     "TransformContext",
     "VerifyContext",
+    "Transport",
+    "TransportContext",
     "Work",
     "ZeroStage",
     "ZeroStageContext",
@@ -135,6 +141,7 @@ if TYPE_CHECKING:  # pragma: no cover
         TransformContext,
         VerifyContext,
     )
+    from dscore.protocols.transport import Transport, TransportContext
     from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
     from dscore.runtime.engine import DscoreEngine
     from dscore.zero.reducer import GradientReducer, ReduceBucket

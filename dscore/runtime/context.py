@@ -3,7 +3,8 @@
 Deep code (a ZeRO stage, an op, a checkpoint helper) reads the runtime that ``dscore.initialize`` made
 current instead of a module-level singleton. A context variable follows ``asyncio`` tasks and
 ``contextvars.copy_context()``; a plain new thread starts without one (use ``use_runtime`` there).
-This module imports neither torch nor any plugin.
+This module imports neither torch nor any plugin; importing it points the collective facades built without a
+registry at the current runtime's (:func:`dscore.comm.transports.set_registry_source`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from dscore.comm.transports import set_registry_source
 from dscore.errors import DscoreError
 
 if TYPE_CHECKING:
+    from dscore.registry import Registry
     from dscore.runtime.runtime import Runtime
 
 __all__ = ["current_runtime", "peek_runtime", "reset_runtime", "runtime_scoped", "set_runtime", "use_runtime"]
@@ -63,6 +66,15 @@ def use_runtime(runtime: Runtime) -> Iterator[Runtime]:
     finally:
         _CURRENT.reset(token)
 
+
+def _current_registry() -> Registry | None:
+    runtime = _CURRENT.get()
+    return runtime.registry if runtime is not None else None
+
+
+# a collective facade built without a registry takes the current runtime's (comm sits below the runtime:
+# it is told where to look instead of importing this module)
+set_registry_source(_current_registry)
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 

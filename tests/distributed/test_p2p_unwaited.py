@@ -26,7 +26,7 @@ def _drop_then_collectives(world: int) -> dict[str, Any]:
     import torch.distributed as dist
 
     from dscore.comm import Comm
-    from dscore.comm.shm import channel_for
+    from dscore_plugins.comm.shm import channel_for
 
     rank = dist.get_rank()
     comm = Comm(None, backend="gloo")

@@ -4,7 +4,7 @@ order) and 3 ranks (more than one peer per rank), fp32 and bf16, the list form, 
 input's own chunk, several reduce-scatters in flight waited in reverse order, and point-to-point
 traffic of the caller on tag 0 interleaved with them; and the pairwise all-gather against gloo's own.
 
-Each runs over the three transports of the payloads (:mod:`dscore.comm.shm`): shared memory (the default
+Each runs over the three transports of the payloads (:mod:`dscore_plugins.comm.shm`): shared memory (the default
 on one host), TCP behind the shared-memory tokens (an outbox limit of 1 byte), and plain gloo transfers
 (``DSCORE_SHM=0``); large all-reduces, which go through shared memory too, are checked the same way."""
 
@@ -133,7 +133,7 @@ def _check_pairwise() -> dict[str, object]:
                 assert torch.equal(avg, want / world), (dtype, n)
             checked += 1
 
-    from dscore.comm.shm import channel_for
+    from dscore_plugins.comm.shm import channel_for
 
     channel = channel_for(None, world, rank)
     transport = "off" if channel is None else ("shm" if channel.shm_bytes else "tcp")
@@ -155,7 +155,7 @@ def _check_outbox_limit() -> dict[str, object]:
     import torch.distributed as dist
 
     from dscore.comm import Comm
-    from dscore.comm.shm import channel_for
+    from dscore_plugins.comm.shm import channel_for
 
     rank, world = dist.get_rank(), dist.get_world_size()
     comm = Comm(None, backend="gloo")

@@ -133,7 +133,7 @@ def _failing_inputs(peer_exit: bool) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     comm = Comm(None, backend="gloo")
     comm.all_reduce(__import__("torch").zeros(4))  # sets up the channel (collective on first use)
-    from dscore.comm.shm import channel_for
+    from dscore_plugins.comm.shm import channel_for
 
     channel = channel_for(None, world, rank)
     _opposite_wait_orders(comm, rank)
@@ -144,7 +144,7 @@ def _failing_inputs(peer_exit: bool) -> dict[str, Any]:
     # parts while delivering its own, so two ranks flushing together never wait for each other
     import time
 
-    from dscore.comm.shm import flush_pending_sends
+    from dscore_plugins.comm.shm import flush_pending_sends
 
     for _ in range(3):
         comm.all_gather_into_tensor(__import__("torch").empty(2 * 5000), __import__("torch").ones(5000), async_op=True)

@@ -55,8 +55,8 @@ def _fault_worker(rank: int, world: int, port: int, scenario: str, results: Any)
         import torch.distributed as dist
 
         from dscore.comm import Comm
-        from dscore.comm.shm import channel_for
         from dscore.errors import DistributedError
+        from dscore_plugins.comm.shm import channel_for
 
         torch.set_num_threads(1)
         dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
@@ -201,7 +201,7 @@ def _job(tag: float) -> dict[str, Any]:
     import torch.distributed as dist
 
     from dscore.comm import Comm
-    from dscore.comm.shm import channel_for
+    from dscore_plugins.comm.shm import channel_for
 
     rank, world = dist.get_rank(), dist.get_world_size()
     comm = Comm(None, backend="gloo")

@@ -109,7 +109,7 @@ def _run_schedules(base_seed: int, count: int, transport: str = "shm") -> dict[s
     import torch.distributed as dist
 
     from dscore.comm import Comm
-    from dscore.comm.shm import channel_for
+    from dscore_plugins.comm.shm import channel_for
 
     rank, world = dist.get_rank(), dist.get_world_size()
     comm = Comm(None, backend="gloo")

@@ -243,10 +243,15 @@ def test_manifest_specs() -> None:
 
     ops = {s.name: s for s in plugin.dscore_register_op_builders()}
     assert set(ops) == {
-        "cpu_adam", "cpu_adagrad", "cpu_lion", "fused_adam", "fused_lamb", "fused_lion", "async_io", "shm_sync",
+        "cpu_adam", "cpu_adagrad", "cpu_lion", "fused_adam", "fused_lamb", "fused_lion", "async_io",
     }
     assert ops["async_io"].build_env_var == "DS_BUILD_AIO"
-    assert ops["shm_sync"].build_env_var == "DS_BUILD_SHM_SYNC" and ops["shm_sync"].device_types == ("cpu",)
+    # shm_sync is one unit with the shm transport: the comm plugin registers it
+    from dscore_plugins.comm import plugin as comm_plugin
+
+    comm_ops = {s.name: s for s in comm_plugin.dscore_register_op_builders()}
+    assert set(comm_ops) == {"shm_sync"}
+    assert comm_ops["shm_sync"].build_env_var == "DS_BUILD_SHM_SYNC" and comm_ops["shm_sync"].device_types == ("cpu",)
     assert ops["cpu_adam"].build_env_var == "DS_BUILD_CPU_ADAM" and ops["cpu_adam"].device_types == ("cpu",)
     assert ops["fused_lion"].device_types == ("cuda",)
     optims = {s.name: s for s in plugin.dscore_register_optimizers()}

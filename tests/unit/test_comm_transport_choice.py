@@ -57,7 +57,7 @@ def _fake(monkeypatch: pytest.MonkeyPatch) -> list[str]:
             monkeypatch.setattr(dist, name, record(name))
     monkeypatch.setattr(dist, "isend", forbidden)
     monkeypatch.setattr(dist, "irecv", forbidden)
-    import dscore.comm.shm as shm
+    import dscore_plugins.comm.shm.bootstrap as shm
 
     monkeypatch.setattr(shm, "channel_for", forbidden)
     return calls
@@ -74,3 +74,111 @@ def test_device_tensors_take_the_backends_collectives(fake_gloo_group: list[str]
     comm.reduce_scatter(torch.empty(4, device="meta"), [torch.empty(4, device="meta") for _ in range(2)])
     assert len(fake_gloo_group) == 6, fake_gloo_group
     assert fake_gloo_group[0] == "all_reduce"
+
+
+class _TakesAll:
+    """A registered transport that would take every call it is asked for."""
+
+    name = "takes_all"
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def accepts(self, op: str, group: Any, tensors: Any) -> bool:
+        self.asked.append(op)
+        return True
+
+
+def test_registered_transports_never_see_device_tensors() -> None:
+    """Whatever a registered transport accepts, a non-CPU tensor stays on the backend (the core's rule),
+    and an ineligible call (eligible False) never reaches the transports."""
+    greedy = _TakesAll()
+    meta, cpu = torch.empty(4, device="meta"), torch.empty(4)
+    assert pick(None, True, [meta], op="all_reduce", transports=[greedy]) is None
+    assert pick(None, True, [cpu, meta], op="all_gather", transports=[greedy]) is None
+    assert pick(None, False, [cpu], op="all_gather", transports=[greedy]) is None
+    assert greedy.asked == []
+    assert pick(None, True, [cpu], op="reduce_scatter", transports=[greedy]) is greedy
+    assert greedy.asked == ["reduce_scatter"]
+    with pytest.raises(ValueError, match="unknown transport operation"):
+        pick(None, True, [cpu], op="broadcast", transports=[greedy])
+
+
+def test_transport_order_and_op_builder_gate() -> None:
+    """Descending priority; a transport whose op builder is disabled is left out (the core still runs)."""
+    from dscore.comm.transports import transport_specs
+    from dscore.plugin_manager import create_plugin_manager
+    from dscore.registry import Registry
+
+    assert [s.name for s in transport_specs(Registry(create_plugin_manager()))] == ["shm", "p2p"]
+    assert [s.name for s in transport_specs(Registry(create_plugin_manager(disable=["op_builder:shm_sync"])))] == ["p2p"]
+    assert [s.name for s in transport_specs(Registry(create_plugin_manager(disable=["comm_transport:p2p"])))] == ["shm"]
+    assert transport_specs(Registry(create_plugin_manager(disable=["comm"]))) == ()
+
+
+_HOOK_CHECK = """
+from dscore.comm.instrument import COLLECTIVES, instrumentable, wrap_collectives, wrappers
+
+assert "all_reduce" in COLLECTIVES and "barrier" in COLLECTIVES
+
+
+class Before:
+    def all_reduce(self):
+        return "before"
+
+    def unrelated(self):
+        return "left alone"
+
+
+instrumentable(Before)
+seen = []
+
+
+def wrapper(name, method):
+    def wrapped(self, *args, **kwargs):
+        seen.append(type(self).__name__ + "." + name)
+        return method(self, *args, **kwargs)
+
+    return wrapped
+
+
+wrap_collectives(wrapper)
+wrap_collectives(wrapper)  # again: no second layer
+assert wrappers()[-1] is wrapper
+
+
+class After:
+    def barrier(self):
+        return "after"
+
+
+instrumentable(After)
+instrumentable(After)
+assert Before().all_reduce() == "before" and Before().unrelated() == "left alone"
+assert After().barrier() == "after"
+assert seen == ["Before.all_reduce", "After.barrier"], seen
+print("ok")
+"""
+
+
+def test_collective_wrappers_apply_to_every_instrumentable_class() -> None:
+    """The hook point the comms logger attaches through: a wrapper reaches classes declared before and
+    after it, once each (in a fresh interpreter: a registered wrapper stays for the process)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _HOOK_CHECK], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_the_comms_logger_attaches_through_the_hook_point() -> None:
+    """Importing the comm plugin's logger wraps the facade's collectives (the core imports no plugin)."""
+    import dscore.comm.comms_logger as thin
+    from dscore_plugins.comm import comms_logger
+
+    assert thin.get_comms_logger is comms_logger.get_comms_logger
+    assert getattr(Comm.all_reduce, "__comms_logged__", False) is True
+    assert comms_logger.LOGGED_OPS == frozenset(
+        {"all_reduce", "reduce_scatter_tensor", "reduce_scatter", "all_gather_into_tensor", "all_gather",
+         "broadcast", "all_to_all_single", "send", "recv", "isend", "irecv", "barrier"}
+    )

@@ -10,7 +10,7 @@ times more data). The native call is tried first and, when the backend raises th
 it, the emulation is used from then on (per :class:`NativeTransport`, i.e. per ``Comm``); ``emulated``
 forces it (tests check both paths).
 
-Besides the three operations of :class:`~dscore.comm.transports.Transport` (on any layout, not only flat
+Besides the operations of :class:`~dscore.comm.transports.Transport` (on any layout, not only flat
 CPU tensors) it runs the collectives only a backend has here: single-buffer reduce-scatter and
 all-gather, broadcast and all-to-all.
 """
@@ -82,6 +82,14 @@ class NativeTransport:
             return emulated()
 
     # ------------------------------------------------------------------ the Transport operations
+    def accepts(self, op: str, group: Any, tensors: Sequence[torch.Tensor]) -> bool:
+        """True: the backend runs every collective (the facade's fallback)."""
+        return True
+
+    def flush(self, timeout: float) -> int:
+        """0: nothing to deliver (a backend's own works hold their buffers until they complete)."""
+        return 0
+
     def all_reduce(self, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Work | None:
         """``dist.all_reduce`` of ``flat`` (any shape) in place; an average the backend lacks is a sum
         divided by the group size (floating tensors: the caller checks)."""

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
-from dscore.comm.comms_logger import LOGGED_OPS
 from dscore.config.base import SectionModel
+from dscore_plugins.comm.comms_logger import LOGGED_OPS
 
 __all__ = ["CommsLoggerConfig"]
 
 
 class CommsLoggerConfig(SectionModel):
     """``comms_logger``: record the count, size, latency and bandwidth of collectives
-    (:mod:`dscore.comm.comms_logger`); ``engine.print_comms_summary()`` / ``dscore.comm.log_summary()``
+    (:mod:`dscore_plugins.comm.comms_logger`); ``engine.print_comms_summary()`` / ``dscore.comm.log_summary()``
     print the table."""
 
     enabled: bool = False

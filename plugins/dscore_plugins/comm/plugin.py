@@ -1,9 +1,15 @@
-"""Manifest of the built-in comm backends for ``torch.distributed``.
+"""Manifest of the comm plugin: the comm backends for ``torch.distributed``, the transports, the comms logger.
 
-Each :class:`~dscore.specs.CommBackendSpec` says which torch backend name to pass to
-``init_process_group``, which device types it moves tensors for, and which modules must be importable
-first. ``dscore.init_distributed`` checks the selected backend against the accelerator's device type
-(asking for nccl on CPU is an error that suggests gloo).
+* Each :class:`~dscore.specs.CommBackendSpec` says which torch backend name to pass to
+  ``init_process_group``, which device types it moves tensors for, and which modules must be importable
+  first. ``dscore.init_distributed`` checks the selected backend against the accelerator's device type
+  (asking for nccl on CPU is an error that suggests gloo).
+* Two :class:`~dscore.specs.CommTransportSpec` units the collective facade asks per call, above its native
+  fallback: ``shm`` (same-host shared memory, priority 200; needs the ``shm_sync`` op registered here) and
+  ``p2p`` (gloo point-to-point, priority 100). ``plugins.disable: ["comm_transport:shm"]`` leaves the
+  pairwise collectives on gloo point-to-point; ``DSCORE_SHM=0`` does the same.
+* The ``comms_logger`` config section, whose unit also provides ``dscore.comm.configure`` / ``log_summary``
+  (:mod:`dscore.comm.comms_logger` re-exports :mod:`dscore_plugins.comm.comms_logger`).
 """
 
 from __future__ import annotations
@@ -11,9 +17,15 @@ from __future__ import annotations
 from typing import Any
 
 from dscore import hookimpl
-from dscore.specs import CommBackendSpec, ConfigSectionSpec
+from dscore.specs import CommBackendSpec, CommTransportSpec, ConfigSectionSpec, OpBuilderSpec
 
-__all__ = ["dscore_engine_created", "dscore_register_comm_backends", "dscore_register_config_sections"]
+__all__ = [
+    "dscore_engine_created",
+    "dscore_register_comm_backends",
+    "dscore_register_comm_transports",
+    "dscore_register_config_sections",
+    "dscore_register_op_builders",
+]
 
 
 @hookimpl
@@ -62,13 +74,50 @@ def dscore_register_comm_backends() -> list[CommBackendSpec]:
 
 
 @hookimpl
+def dscore_register_comm_transports() -> list[CommTransportSpec]:
+    """``shm`` above ``p2p``: a group whose ranks share this host takes shared memory, others gloo
+    point-to-point (both only for CPU tensors on gloo with ``DSCORE_GLOO_NATIVE`` unset)."""
+    return [
+        CommTransportSpec(
+            name="shm",
+            factory="dscore_plugins.comm.shm.transport:make_transport",
+            priority=200,
+            op_builders=("shm_sync",),
+            description="same-host shared memory (memfd segments, futexes): pairwise exchanges and all-reduces",
+        ),
+        CommTransportSpec(
+            name="p2p",
+            factory="dscore_plugins.comm.p2p:make_transport",
+            priority=100,
+            description="gloo point-to-point: all-gathers and sum/average reduce-scatters as pairwise exchanges",
+        ),
+    ]
+
+
+@hookimpl
+def dscore_register_op_builders() -> list[OpBuilderSpec]:
+    """The ``shm_sync`` op of the shm transport (``csrc/comm/shm_sync.cpp``)."""
+    return [
+        OpBuilderSpec(
+            name="shm_sync",
+            builder="dscore_plugins.comm.shm.builder:ShmSyncBuilder",
+            device_types=("cpu",),
+            build_env_var="DS_BUILD_SHM_SYNC",
+            description="release/acquire words + futex wait/wake of the shared-memory transport",
+        )
+    ]
+
+
+@hookimpl
 def dscore_register_config_sections() -> list[ConfigSectionSpec]:
-    """The ``comms_logger`` section (model in :mod:`dscore_plugins.comm.config`)."""
+    """The ``comms_logger`` section (model in :mod:`dscore_plugins.comm.config`); its ``exports`` module
+    provides :mod:`dscore.comm.comms_logger`'s names."""
     return [
         ConfigSectionSpec(
             name="comms_logger",
             model="dscore_plugins.comm.config:CommsLoggerConfig",
             description="collective size/latency logging",
+            exports="dscore_plugins.comm.comms_logger",
         )
     ]
 
@@ -80,7 +129,7 @@ def dscore_engine_created(engine: Any) -> None:
     section = engine.config.section("comms_logger", None)
     if section is None or not section.enabled:
         return
-    from dscore.comm.comms_logger import configure
+    from dscore_plugins.comm.comms_logger import configure
 
     configure(
         enabled=True, prof_all=section.prof_all, prof_ops=section.prof_ops, verbose=section.verbose,

@@ -20,7 +20,6 @@ __all__ = [
     "FusedAdamBuilder",
     "FusedLambBuilder",
     "FusedLionBuilder",
-    "ShmSyncBuilder",
 ]
 
 _MARKER = Path("includes") / "dscore_simd.h"
@@ -108,18 +107,3 @@ class FusedLionBuilder(_CsrcMixin, CUDAOpBuilder):
     NAME = "fused_lion"
     BUILD_VAR = "DS_BUILD_FUSED_LION"
     _SOURCES = ("cuda/fused_lion_kernel.cu", "cuda/fused_lion.cpp")
-
-
-class ShmSyncBuilder(_CsrcMixin, CPUOpBuilder):
-    """shm_sync: release/acquire words and futex wait/wake for the same-host shared-memory transport
-    (:mod:`dscore.comm.shm`); Linux only."""
-
-    NAME = "shm_sync"
-    BUILD_VAR = "DS_BUILD_SHM_SYNC"
-    _SOURCES = ("comm/shm_sync.cpp",)
-
-    def cxx_flags(self) -> list[str]:
-        return ["-O2", "-UC10_USE_GLOG"]  # no SIMD or OpenMP: a few atomics and system calls
-
-    def ld_flags(self) -> list[str]:
-        return []

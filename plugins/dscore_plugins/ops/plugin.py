@@ -30,9 +30,6 @@ def dscore_register_op_builders() -> Iterable[OpBuilderSpec]:
                       build_env_var="DS_BUILD_FUSED_LION", description="multi-tensor fused Lion (CUDA)"),
         OpBuilderSpec(name="async_io", builder="dscore_plugins.ops.aio_builder:AsyncIOBuilder", device_types=("cpu",),
                       build_env_var="DS_BUILD_AIO", description="file I/O of host tensors via kernel AIO (libaio)"),
-        OpBuilderSpec(name="shm_sync", builder=f"{_B}:ShmSyncBuilder", device_types=("cpu",),
-                      build_env_var="DS_BUILD_SHM_SYNC",
-                      description="release/acquire words + futex wait/wake of the shared-memory transport"),
     ]
 
 

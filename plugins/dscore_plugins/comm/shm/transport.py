@@ -1,5 +1,6 @@
-"""Same-host shared memory: pairwise exchanges and sum/average all-reduces through a group's
-:class:`~dscore.comm.shm.ShmChannel` (segments, ordering and failure handling live there).
+"""The ``shm`` comm transport: pairwise exchanges and sum/average all-reduces through a group's
+:class:`~dscore_plugins.comm.shm.channel.ShmChannel` (segments, ordering and failure handling live in
+this package), for CPU tensors on a gloo group whose ranks all run on this host.
 
 Every collective is ONE exchange, posted in full when it is launched; its :class:`~dscore.comm.work.Work`
 only waits for the peers' posts and reads. Measured, 2 ranks (before issue 27's changes, same copies): a
@@ -8,16 +9,19 @@ only waits for the peers' posts and reads. Measured, 2 ranks (before issue 27's 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from dscore.comm.shm import Exchange, ShmChannel
 from dscore.comm.work import DONE, Work, launched
+from dscore.errors import DistributedError
+from dscore.protocols.transport import TransportContext
+from dscore_plugins.comm.shm import bootstrap
+from dscore_plugins.comm.shm.channel import Exchange, ShmChannel
 
-__all__ = ["ShmTransport"]
+__all__ = ["ShmTransport", "make_transport"]
 
 
 def _sum_into(out: torch.Tensor, own: torch.Tensor, exchange: Exchange, rank: int, world: int) -> None:
@@ -31,13 +35,36 @@ def _sum_into(out: torch.Tensor, own: torch.Tensor, exchange: Exchange, rank: in
 
 
 class ShmTransport:
-    """The shared-memory transport of one group (see the module docstring)."""
+    """The shared-memory transport of one facade (see the module docstring); each group's channel is
+    :func:`~dscore_plugins.comm.shm.bootstrap.channel_for`'s.
+
+    Args:
+        pairwise: ``pairwise(group) -> bool``, the facade's test that its pairwise fast paths apply to a
+            group (gloo backend, ``DSCORE_GLOO_NATIVE`` unset).
+    """
 
     name = "shm"
-    __slots__ = ("channel",)
+    __slots__ = ("_pairwise",)
 
-    def __init__(self, channel: ShmChannel) -> None:
-        self.channel = channel
+    def __init__(self, pairwise: Callable[[Any], bool]) -> None:
+        self._pairwise = pairwise
+
+    def _channel(self, grp: Any) -> ShmChannel | None:
+        return bootstrap.channel_for(grp, dist.get_world_size(grp), dist.get_rank(grp))
+
+    def accepts(self, op: str, group: Any, tensors: Sequence[torch.Tensor]) -> bool:
+        """On a pairwise group whose channel exists (set up collectively on the group's first call)."""
+        return self._pairwise(group) and self._channel(group) is not None
+
+    def flush(self, timeout: float) -> int:
+        """:func:`~dscore_plugins.comm.shm.bootstrap.flush_pending_sends` (every channel of this process)."""
+        return bootstrap.flush_pending_sends(timeout)
+
+    def _require(self, grp: Any) -> ShmChannel:
+        channel = self._channel(grp)
+        if channel is None:
+            raise DistributedError("the shm transport was asked for a group without a shared-memory channel")
+        return channel
 
     def all_reduce(self, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Work | None:
         """Every rank posts all of ``flat`` at launch and, when waited, adds every rank's copy in rank
@@ -49,7 +76,7 @@ class ShmTransport:
         copies (2 ranks: the bytes of the two phases)."""
         world = dist.get_world_size(grp)
         rank = dist.get_rank(grp)
-        exchange = self.channel.post([flat if q != rank else None for q in range(world)], grp)
+        exchange = self._require(grp).post([flat if q != rank else None for q in range(world)], grp)
 
         def finish() -> None:  # flat is untouched until now (torch's contract for in-flight tensors)
             parts = [flat if q == rank else exchange.payload(q, flat) for q in range(world)]
@@ -74,7 +101,7 @@ class ShmTransport:
         rank = dist.get_rank(grp)
         if output.numel() == 0:
             return DONE if async_op else None
-        exchange = self.channel.post([chunks[q] if q != rank else None for q in range(world)], grp)
+        exchange = self._require(grp).post([chunks[q] if q != rank else None for q in range(world)], grp)
 
         def finish() -> None:
             _sum_into(output.view(-1), chunks[rank], exchange, rank, world)
@@ -89,7 +116,7 @@ class ShmTransport:
         if outs[rank].data_ptr() != src.data_ptr():
             outs[rank].copy_(src.view_as(outs[rank]))
         flat_src = src.view(-1)
-        exchange = self.channel.post([flat_src if q != rank else None for q in range(len(outs))], grp)
+        exchange = self._require(grp).post([flat_src if q != rank else None for q in range(len(outs))], grp)
 
         def finish() -> None:
             for q, out in enumerate(outs):
@@ -98,3 +125,8 @@ class ShmTransport:
             exchange.done()
 
         return launched(exchange.works, async_op, finish)
+
+
+def make_transport(ctx: TransportContext) -> ShmTransport:
+    """The ``shm`` unit's factory (:class:`~dscore.specs.CommTransportSpec`)."""
+    return ShmTransport(ctx.pairwise)

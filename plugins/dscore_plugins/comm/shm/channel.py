@@ -1,24 +1,10 @@
-"""Same-host payloads of the gloo pairwise collectives through shared memory.
+"""The exchanges of the same-host transport: :class:`ShmChannel` (one per process group and rank).
 
 gloo moves every byte through TCP, also between processes of one host: on loopback a 2-rank exchange
 of 8 MiB per direction took 9 ms (0.9 GB/s), where a memory copy of the same bytes takes 0.3 ms. When
 every rank of a group runs on the same host, :class:`ShmChannel` moves the payloads through memory the
 ranks share and signals with futexes; gloo is used only when the shared memory cannot take an exchange.
 
-**Segments and how peers reach them.** Each rank owns two ``memfd`` segments (anonymous shared memory,
-freed by the kernel when the last process holding them exits, so a crash leaks nothing): an *outbox*
-(``DSCORE_SHM_BYTES``, default 256 MiB of address space; pages cost memory only once written) and a
-*control segment* (posted words, descriptors, acknowledgements). Both are sealed against shrinking and
-growing (``F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``), so a peer's mapping can never be cut under a
-reader. At set-up, every rank listens on an abstract Unix socket whose name carries a random token of
-this job (drawn by group rank 0 and shared through the process group), and hands its two descriptors to
-each peer with ``SCM_RIGHTS``; the receiving rank checks the sender's credentials (``SO_PEERCRED``: the
-peer's pid and this user's uid), opens a ``pidfd`` of the peer while the socket is still connected (so
-the pidfd names that process, never a reused pid), and maps the peer's segments **read-only**. Nothing
-goes through ``/proc``; two jobs on one host never learn each other's token or descriptors.
-
-**An exchange** (:meth:`ShmChannel.post`) is numbered when it is *launched*: every collective is one
-exchange, posted in full by the launching call, so numbers follow launch order on every rank (the
 collective contract) and any wait order is legal. Posting copies each payload into a free region of the
 outbox, writes a descriptor ``(number, mode, offset, nbytes)`` into the slot of this number for the peer
 and stores the number into the peer's *posted* word, waking it with ``FUTEX_WAKE``. A reader waits for
@@ -43,27 +29,15 @@ of a second (a payload it posted before exiting is still read: the mapping keeps
 that stays silent for ``DSCORE_SHM_TIMEOUT`` seconds (default 1800, gloo's default), or for the timeout
 given to ``Work.wait(timeout)``, raises the same error with the timeout named.
 
-:func:`channel_for` decides once per group, collectively, whether the channel is used: every rank must be
-on one Linux host (same host name, boot id and PID namespace), have the ``shm_sync`` op, be able to pass
-descriptors to its peers, and not have ``DSCORE_SHM=0``. Otherwise the caller uses plain gloo transfers.
-Only CPU tensors ever go through it (a device tensor is never copied through host shared memory).
+The segments are :mod:`~dscore_plugins.comm.shm.segments`'s; the set-up that builds a channel (and decides
+whether a group has one) is :mod:`~dscore_plugins.comm.shm.bootstrap`'s.
 """
 
 from __future__ import annotations
 
-import atexit
-import fcntl
 import logging
-import mmap
 import os
-import secrets
-import select
-import socket
-import struct
-import sys
 import time
-import warnings
-import weakref
 from collections import deque
 from collections.abc import Sequence
 from datetime import timedelta
@@ -72,54 +46,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dscore import process
-from dscore.errors import DistributedError, DscoreError
+from dscore.errors import DistributedError
+from dscore_plugins.comm.shm.segments import ALIGN, Peer, Segment
 
-__all__ = ["Exchange", "ShmChannel", "channel_for", "flush_pending_sends", "shm_enabled"]
+__all__ = ["Exchange", "ShmChannel"]
 
 log = logging.getLogger("dscore.comm")
 
 _MODE_SHM = 1
 _MODE_TCP = 2
-_ALIGN = 64  # bytes: regions start on cache-line boundaries
-_DEFAULT_LIMIT = 256 << 20
 _PAYLOAD_TAG_BASE = 1 << 24
 _PAYLOAD_TAG_SPAN = 1 << 20
-_LIMIT_ENV = "DSCORE_SHM_BYTES"
-_ENABLE_ENV = "DSCORE_SHM"
 _TIMEOUT_ENV = "DSCORE_SHM_TIMEOUT"
 _RING = 4096  # descriptor and acknowledgement slots per peer
 _DESC = 4  # int64 words of a descriptor: exchange number, mode, offset, nbytes
 _PEER_WORDS = 8 + _DESC * _RING + _RING  # per peer in a control segment: posted word (+pad), descriptors, acks
 _LIVENESS_POLL_S = 0.2  # how often a waiting rank checks that the peer process still exists
-_SEALS = ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_SEAL")
-
-_channels: weakref.WeakKeyDictionary[Any, ShmChannel | None] = weakref.WeakKeyDictionary()
-_flush_registered = False
-_sync_op: Any = None
-
-
-def shm_enabled() -> bool:
-    """False when ``DSCORE_SHM=0`` or when this platform lacks what the channel needs (Linux ``memfd``,
-    ``pidfd_open``, descriptor passing): every payload then goes by TCP."""
-    return (
-        os.environ.get(_ENABLE_ENV, "1") != "0"
-        and sys.platform.startswith("linux")
-        and hasattr(os, "memfd_create")
-        and hasattr(os, "pidfd_open")
-        and hasattr(socket, "send_fds")
-        and all(hasattr(fcntl, s) for s in _SEALS)
-    )
-
-
-def _sync() -> Any:
-    """The ``shm_sync`` op module (built with ninja on first use; cached)."""
-    global _sync_op
-    if _sync_op is None:
-        from dscore.ops import get_op_builder
-
-        _sync_op = get_op_builder("shm_sync").load()
-    return _sync_op
 
 
 def _timeout() -> float:
@@ -142,95 +84,11 @@ def _seconds(timeout: Any) -> float | None:
     return float(timeout)
 
 
-def _host_key() -> tuple[str, str, int]:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip()
-        pid_ns = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return (socket.gethostname(), f"pid-{os.getpid()}", -1)  # unknown: never matches another process
-    return (socket.gethostname(), boot, pid_ns)
-
 
 def _payload_tag(seq: int) -> int:
     """The tag of exchange ``seq``'s TCP parts: its own, so they match their receives in any wait order."""
     return _PAYLOAD_TAG_BASE + seq % _PAYLOAD_TAG_SPAN
 
-
-def _limit() -> int:
-    raw = os.environ.get(_LIMIT_ENV, "").strip()
-    try:
-        value = int(raw) if raw else _DEFAULT_LIMIT
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise DistributedError(f"environment variable {_LIMIT_ENV}={raw!r} must be a number of bytes (>= 0)")
-    return value
-
-
-class _Segment:
-    """A sealed ``memfd`` of ``size`` bytes mapped read-write into its owner as a uint8 tensor."""
-
-    def __init__(self, size: int, name: str) -> None:
-        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        try:
-            os.ftruncate(self.fd, size)
-            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
-            self.size = size
-            self.map: mmap.mmap | None = mmap.mmap(self.fd, size) if size else None
-        except OSError:
-            os.close(self.fd)
-            raise
-        self.bytes = torch.frombuffer(self.map, dtype=torch.uint8) if self.map is not None else torch.empty(0, dtype=torch.uint8)
-
-    def close(self) -> None:
-        self.bytes = torch.empty(0, dtype=torch.uint8)
-        try:
-            if self.map is not None:
-                self.map.close()
-        except BufferError:  # a view is still alive somewhere; the kernel frees it with the process
-            pass
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def _map_readonly(fd: int) -> tuple[torch.Tensor, mmap.mmap | None]:
-    """A received segment mapped read-only (a uint8 tensor that must never be written)."""
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return torch.empty(0, dtype=torch.uint8), None
-    seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-    if not seals & fcntl.F_SEAL_SHRINK:
-        raise OSError("a peer's segment is not sealed against shrinking")
-    mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "buffer is not writable": the channel only reads it
-        return torch.frombuffer(mm, dtype=torch.uint8), mm
-
-
-class _Peer:
-    """What this rank holds of one peer: its pidfd and its segments mapped read-only."""
-
-    __slots__ = ("rank", "pid", "pidfd", "ctrl", "outbox", "_maps")
-
-    def __init__(self, rank: int, pid: int, pidfd: int, ctrl: torch.Tensor, outbox: torch.Tensor, maps: list[Any]):
-        self.rank = rank
-        self.pid = pid
-        self.pidfd = pidfd
-        self.ctrl = ctrl
-        self.outbox = outbox
-        self._maps = maps
-
-    def alive(self) -> bool:
-        """False once the peer process exited (its pidfd becomes readable; a zombie counts as exited)."""
-        ready, _, _ = select.select([self.pidfd], [], [], 0)
-        return not ready
-
-    def close(self) -> None:
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = -1
 
 
 class ShmChannel:
@@ -246,7 +104,7 @@ class ShmChannel:
         sync: the ``shm_sync`` op module.
     """
 
-    def __init__(self, rank: int, world: int, control: _Segment, outbox: _Segment, peers: list[_Peer | None],
+    def __init__(self, rank: int, world: int, control: Segment, outbox: Segment, peers: list[Peer | None],
                  sync: Any) -> None:
         self.rank = rank
         self.world = world
@@ -289,7 +147,7 @@ class ShmChannel:
     def _ack_off(sender: int, seq: int) -> int:
         return 8 * (8 + sender * _PEER_WORDS + 8 + _DESC * _RING + seq % _RING)
 
-    def _peer(self, q: int) -> _Peer:
+    def _peer(self, q: int) -> Peer:
         peer = self.peers[q]
         assert peer is not None
         return peer
@@ -310,7 +168,7 @@ class ShmChannel:
     def _allocate(self, nbytes: int, seq: int) -> int | None:
         """Offset of a free outbox region of ``nbytes`` (a ring buffer going back to its start as soon as
         the oldest region moved far enough: the pages in use stay near the bytes in flight), or None."""
-        need = -(-nbytes // _ALIGN) * _ALIGN
+        need = -(-nbytes // ALIGN) * ALIGN
         size, ring = self.outbox.size, self._ring
         if not ring:
             start: int | None = 0 if need <= size else None
@@ -620,155 +478,3 @@ class Exchange:
             except Exception:  # noqa: BLE001 - never raise from a finaliser
                 pass
 
-
-def flush_pending_sends(timeout: float = 60.0) -> int:
-    """Deliver every channel's gloo sends still in flight (see :meth:`ShmChannel.flush`); run before a
-    process group is destroyed and at interpreter exit. Returns the sends left undelivered."""
-    left = 0
-    for channel in list(_channels.values()):
-        if channel is not None and (channel._sends or channel._abandoned):
-            left += channel.flush(timeout)
-    return left
-
-
-def channel_for(grp: Any, world: int, rank: int) -> ShmChannel | None:
-    """The group's :class:`ShmChannel`, or None when its payloads go by TCP (decided on first use).
-
-    Collective on first use for a group: every rank of ``grp`` must call it at the same point (the
-    pairwise collectives do, before their first transfer). Later calls are a dictionary lookup.
-    """
-    key = grp if grp is not None else dist.group.WORLD
-    try:
-        return _channels[key]
-    except KeyError:
-        pass
-    global _flush_registered
-    channel = _set_up(grp, world, rank) if shm_enabled() else None
-    _channels[key] = channel
-    if channel is not None and not _flush_registered:
-        process.apply("shm_exit_flush", atexit.register, flush_pending_sends)  # runs before the group's hooks
-        _flush_registered = True
-    return channel
-
-
-def _socket_name(token: str, rank: int) -> str:
-    return f"\0dscore-shm-{token}-{rank}"
-
-
-def _peer_pid(sock: socket.socket) -> tuple[int, int]:
-    """``(pid, uid)`` of the process at the other end of a connected Unix socket (``SO_PEERCRED``)."""
-    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _ = struct.unpack("3i", raw)
-    return pid, uid
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise OSError("the peer closed the set-up socket")
-        data += chunk
-    return data
-
-
-def _hand_over(rank: int, world: int, token: str, pids: list[int], control: _Segment, outbox: _Segment,
-               listener: socket.socket) -> list[_Peer | None]:
-    """Pass this rank's two descriptors to every peer and receive theirs (``SCM_RIGHTS``); map the peers'
-    segments read-only and open their pidfds. Raises OSError when anything does not check out."""
-    uid = os.getuid()
-    outgoing: dict[int, socket.socket] = {}
-    peers: list[_Peer | None] = [None] * world
-    try:
-        for q in range(world):  # connect completes into the peer's backlog: no one waits for an accept
-            if q != rank:
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-                s.settimeout(60)
-                s.connect(_socket_name(token, q))
-                s.sendall(struct.pack("i", rank))
-                outgoing[q] = s
-        for _ in range(world - 1):
-            conn, _ = listener.accept()
-            with conn:
-                conn.settimeout(60)
-                (q,) = struct.unpack("i", _recv_exact(conn, 4))
-                pid, peer_uid = _peer_pid(conn)
-                if not 0 <= q < world or q == rank or pid != pids[q] or peer_uid != uid:
-                    raise OSError(f"a process (pid {pid}, uid {peer_uid}) claiming rank {q} is not a rank of this job")
-                socket.send_fds(conn, [b"dscore-shm"], [control.fd, outbox.fd])
-        for q, s in outgoing.items():
-            msg, fds, _, _ = socket.recv_fds(s, 16, 2)
-            try:
-                pid, peer_uid = _peer_pid(s)
-                if msg != b"dscore-shm" or len(fds) != 2 or pid != pids[q] or peer_uid != uid:
-                    raise OSError(f"rank {q}'s set-up socket is held by pid {pid} (uid {peer_uid}), not pid {pids[q]}")
-                # the pid is that process, not a reuse: the collective vote after the hand-over needs the
-                # peer alive, so it was alive when this pidfd was opened
-                pidfd = os.pidfd_open(pid)
-                ctrl, cmap = _map_readonly(fds[0])
-                box, bmap = _map_readonly(fds[1])
-                peers[q] = _Peer(q, pid, pidfd, ctrl, box, [cmap, bmap])
-            finally:
-                for fd in fds:
-                    os.close(fd)
-        return peers
-    except BaseException:
-        for p in peers:
-            if p is not None:
-                p.close()
-        raise
-    finally:
-        for s in outgoing.values():
-            s.close()
-
-
-def _set_up(grp: Any, world: int, rank: int) -> ShmChannel | None:
-    host = _host_key()
-    control: _Segment | None = None
-    outbox: _Segment | None = None
-    listener: socket.socket | None = None
-    token = secrets.token_hex(16)
-    sync = None
-    try:
-        sync = _sync()
-        limit = _limit()
-        control = _Segment(ShmChannel.control_bytes(world), f"dscore-control-rank{rank}")
-        outbox = _Segment(limit if limit >= _ALIGN else 0, f"dscore-outbox-rank{rank}")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    except (OSError, DscoreError) as exc:
-        log.info("shared-memory exchange unavailable here (%s); gloo carries the payloads", exc)
-    info: list[Any] = [None] * world
-    dist.all_gather_object(info, (host, os.getpid(), token, listener is not None), group=grp)
-    token = info[0][2]  # group rank 0's: this job's name space
-    ok = listener is not None and all(i[0] == host and i[3] for i in info)
-    if ok and listener is not None:
-        try:
-            listener.bind(_socket_name(token, rank))
-            listener.listen(world)
-            listener.settimeout(60)
-        except OSError as exc:
-            log.info("cannot listen for shared-memory set-up (%s); gloo carries the payloads", exc)
-            ok = False
-    votes: list[Any] = [None] * world
-    dist.all_gather_object(votes, ok, group=grp)  # everyone listens before anyone connects
-    peers: list[_Peer | None] = []
-    ok = all(votes)
-    if ok and control is not None and outbox is not None and listener is not None:
-        try:
-            peers = _hand_over(rank, world, token, [i[1] for i in info], control, outbox, listener)
-        except OSError as exc:
-            log.info("cannot pass shared-memory descriptors between the ranks (%s); gloo carries the payloads", exc)
-            ok = False
-    if listener is not None:
-        listener.close()
-    dist.all_gather_object(votes, ok, group=grp)
-    if not all(votes) or control is None or outbox is None:
-        for p in peers:
-            if p is not None:
-                p.close()
-        for seg in (control, outbox):
-            if seg is not None:
-                seg.close()
-        return None
-    log.debug("pairwise exchanges of this %d-rank group go through shared memory", world)
-    return ShmChannel(rank, world, control, outbox, peers, sync)

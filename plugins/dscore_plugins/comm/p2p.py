@@ -1,4 +1,5 @@
-"""gloo point-to-point: all-gathers and sum/average reduce-scatters as pairwise exchanges.
+"""The ``p2p`` comm transport: gloo point-to-point all-gathers and sum/average reduce-scatters as pairwise
+exchanges (CPU tensors on a gloo group with ``DSCORE_GLOO_NATIVE`` unset; all-reduces stay gloo's own).
 
 All-gather: every rank sends its chunk to each peer and receives each peer's chunk straight into the
 output. Reduce-scatter: every rank sends chunk ``q`` of its input to rank ``q`` and adds the
@@ -38,8 +39,9 @@ import torch.distributed as dist
 
 from dscore import process
 from dscore.comm.work import DONE, Work
+from dscore.protocols.transport import TransportContext
 
-__all__ = ["P2P", "GlooP2PTransport", "flush_dropped"]
+__all__ = ["GlooP2PTransport", "flush_dropped", "make_transport"]
 
 log = logging.getLogger("dscore.comm")
 
@@ -154,13 +156,34 @@ def flush_dropped(timeout: float = 60.0) -> int:
 
 
 class GlooP2PTransport:
-    """The gloo point-to-point transport (stateless; :data:`P2P` is its one instance)."""
+    """The gloo point-to-point transport of one facade (its state, the dropped transfers, is per group).
 
-    name = "gloo-p2p"
+    Args:
+        pairwise: ``pairwise(group) -> bool``, the facade's test that its pairwise fast paths apply to a
+            group (gloo backend, ``DSCORE_GLOO_NATIVE`` unset).
+    """
 
-    def all_reduce(self, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Any:
-        """Left to gloo's own all-reduce (a pairwise all-reduce would move twice a ring's data)."""
-        return NotImplemented
+    name = "p2p"
+
+    def __init__(self, pairwise: Callable[[Any], bool]) -> None:
+        self._pairwise = pairwise
+
+    def accepts(self, op: str, group: Any, tensors: Sequence[torch.Tensor]) -> bool:
+        """All-gathers and reduce-scatters on a pairwise group (a pairwise all-reduce would move twice a
+        ring's data: all-reduces are left to gloo's own)."""
+        return op != "all_reduce" and self._pairwise(group)
+
+    def all_reduce(self, flat: torch.Tensor, rop: Any, grp: Any, async_op: bool) -> Work | None:
+        """Never accepted (:meth:`accepts`): gloo's own all-reduce runs them.
+
+        Raises:
+            NotImplementedError: always.
+        """
+        raise NotImplementedError("the p2p transport leaves all-reduces to the backend (accepts() refuses them)")
+
+    def flush(self, timeout: float) -> int:
+        """:func:`flush_dropped` (every group of this process)."""
+        return flush_dropped(timeout)
 
     def reduce_scatter(self, chunks: list[torch.Tensor], output: torch.Tensor, rop: Any, grp: Any,
                        async_op: bool) -> Work | None:
@@ -203,4 +226,6 @@ class GlooP2PTransport:
         return _launched(works, async_op, grp)
 
 
-P2P = GlooP2PTransport()
+def make_transport(ctx: TransportContext) -> GlooP2PTransport:
+    """The ``p2p`` unit's factory (:class:`~dscore.specs.CommTransportSpec`)."""
+    return GlooP2PTransport(ctx.pairwise)
