@@ -122,8 +122,8 @@ def registrations(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """What ``atexit.register`` was called with (nothing is registered for real). The modules under test
     are imported first: torch registers hooks of its own when it is imported."""
     import dscore.comm.init
-    import dscore.comm.shm
-    import dscore.comm.transports.p2p  # noqa: F401
+    import dscore_plugins.comm.p2p
+    import dscore_plugins.comm.shm.bootstrap  # noqa: F401
 
     seen: list[Any] = []
     monkeypatch.setattr(atexit, "register", lambda fn, *a, **k: seen.append(fn) or fn)
@@ -175,7 +175,7 @@ def test_exit_drain_site_honours_its_own_zero(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize("setting", ["none", "all"])
 def test_shm_exit_flush_site(monkeypatch: pytest.MonkeyPatch, registrations: list[Any], setting: str) -> None:
-    import dscore.comm.shm as shm
+    import dscore_plugins.comm.shm.bootstrap as shm
 
     monkeypatch.setenv(process.POLICY_ENV, setting)
     monkeypatch.setattr(shm, "_flush_registered", False)
@@ -196,7 +196,7 @@ def test_shm_exit_flush_site(monkeypatch: pytest.MonkeyPatch, registrations: lis
 
 @pytest.mark.parametrize("setting", ["none", "all"])
 def test_p2p_exit_flush_site(monkeypatch: pytest.MonkeyPatch, registrations: list[Any], setting: str) -> None:
-    import dscore.comm.transports.p2p as p2p
+    import dscore_plugins.comm.p2p as p2p
 
     monkeypatch.setenv(process.POLICY_ENV, setting)
     monkeypatch.setattr(p2p, "_exit_hook", False)
