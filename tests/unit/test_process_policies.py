@@ -121,7 +121,6 @@ def test_import_is_torch_free() -> None:
 def registrations(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """What ``atexit.register`` was called with (nothing is registered for real). The modules under test
     are imported first: torch registers hooks of its own when it is imported."""
-    import dscore.comm.init
     import dscore_plugins.comm.p2p
     import dscore_plugins.comm.shm.bootstrap  # noqa: F401
 
