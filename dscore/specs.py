@@ -374,14 +374,15 @@ class CommTransportSpec(ComponentSpec):
 @dataclass(frozen=True, kw_only=True)
 class CheckpointLayoutSpec(ComponentSpec):
     """An on-disk checkpoint layout (dscore's own, DeepSpeed's ``mp_rank_*`` / ``*_optim_states.pt``),
-    chosen by ``checkpoint.layout`` at save and detected at load.
+    chosen by ``engine.checkpoint_layout`` at save and recorded in (or detected from) the checkpoint at load.
 
     Attributes:
-        layout: import string of the layout object (``dscore.protocols.CheckpointLayout``) with
-            ``detect(tag_dir) -> bool``, ``write(engine, tag_dir, ...)`` and ``read(engine, tag_dir, ...)``
-            plus the ``export`` / ``import`` conversions of ``dscore checkpoint``.
-        detect_priority: load-time detection asks layouts in descending order and takes the first whose
-            ``detect`` says yes (a layout with marker files of its own goes first).
+        layout: import string of the layout object (:class:`dscore.protocols.CheckpointLayout`) with
+            ``detect(save_dir, tag) -> bool``, ``resolve_tag``, ``write(...)``, ``read(...)`` and
+            ``fp32_state_dict(...)``, plus the optional conversions ``dscore checkpoint export/import`` use.
+        detect_priority: load-time detection (a checkpoint whose ``_COMPLETE`` manifest names no layout) asks
+            layouts in descending order and takes the first whose ``detect`` says yes (a layout with marker
+            files of its own goes first).
     """
 
     kind: ClassVar[str] = "checkpoint_layout"
