@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import socket
 import time
@@ -73,7 +74,9 @@ def _worker(
 
             dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
         value = fn(*args, **kwargs)
-        results.put((rank, "ok", value))
+        # plain pickle bytes: through the queue, torch would send a tensor as a shared-memory file descriptor
+        # the parent fetches from this process later, which fails once the rank has exited (FileNotFoundError)
+        results.put((rank, "ok", pickle.dumps(value)))
     except BaseException as exc:  # report everything, SystemExit included
         results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
     finally:
@@ -199,7 +202,7 @@ def _spawn(
                         break
                 else:
                     continue
-            outcomes[rank] = (status, value)
+            outcomes[rank] = (status, pickle.loads(value) if status == "ok" else value)
             if status == "error":
                 failures.append(f"rank {rank} failed:\n{value}")
                 break

@@ -10,6 +10,7 @@ from dscore.testing import run_distributed
 
 
 def _blocked_on_peer():
+    import time
     from datetime import timedelta
 
     import torch
@@ -22,7 +23,13 @@ def _blocked_on_peer():
     assert drain_backend_workers(30.0)  # nothing launched: parked
     if dist.get_rank() == 0:
         work = dist.all_reduce(torch.ones(1 << 10, device="cpu"), async_op=True)  # rank 1 has not launched yet
+        # sample until the worker has taken the collective (it is blocked on rank 1 until "go" is set); a
+        # sample taken at once may find it before that, or not yet listed
+        deadline = time.monotonic() + 10.0
         seen["blocked"] = _worker_states()
+        while "busy" not in (seen["blocked"] or []) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            seen["blocked"] = _worker_states()
         seen["drained_while_blocked"] = drain_backend_workers(0.5)
         store.set("test/drain/go", "1")
         work.wait()
