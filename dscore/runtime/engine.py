@@ -539,12 +539,41 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         return [g.get("momentum", g.get("betas")) for g in opt.param_groups]
 
     def get_global_grad_norm(self) -> float | None:
-        """The unscaled global gradient L2 norm of the last applied step (before clipping), or None."""
+        """The unscaled global gradient L2 norm of the last applied step, **before** clipping, or None.
+
+        Global: over every rank's gradients of one model replica (data-parallel partitions summed,
+        tensor-parallel shards summed and replicated parameters counted once, experts per their groups,
+        pipeline stages summed) and equal on every rank, whatever ``gradient_clipping`` is. None after a
+        skipped (overflow) step, or when nothing needed the norm (fp32 at ZeRO 0 without clipping).
+        DeepSpeed's ``get_global_grad_norm``; :meth:`get_global_grad_norm_post_clip` is the norm as applied.
+        """
         norm = self._global_grad_norm
         if isinstance(norm, torch.Tensor):
             norm = float(norm)
             self._global_grad_norm = norm
         return norm
+
+    def get_global_grad_norm_post_clip(self) -> float | None:
+        """The global L2 norm of the gradients the last applied step used, after clipping, or None.
+
+        ``norm * min(1, gradient_clipping / (norm + 1e-6))`` with ``norm`` =
+        :meth:`get_global_grad_norm` (the coefficient of :func:`torch.nn.utils.clip_grad_norm_`, which every
+        stage applies), computed in float32 as the stages compute the coefficient; scaling gradients by a
+        coefficient scales their norm by it, so this is the norm of what the optimizer got. Equal to
+        :meth:`get_global_grad_norm` when ``gradient_clipping`` is 0 or the norm is below it (or not finite).
+        None when :meth:`get_global_grad_norm` is. dscore's own (DeepSpeed 0.19.8 has no such accessor).
+        """
+        norm = self.get_global_grad_norm()
+        clip = self._clip_for_post_norm()
+        if norm is None or clip <= 0.0 or not (norm == norm and abs(norm) != float("inf")):
+            return norm
+        value = torch.tensor(norm, dtype=torch.float32, device="cpu")
+        coef = torch.clamp(clip / (value + 1e-6), max=1.0)
+        return float(value * coef)
+
+    def _clip_for_post_norm(self) -> float:
+        # the bound the stage clipped with (the pipeline engine clips itself with its own)
+        return float(self.config.gradient_clipping or 0.0)
 
     def get_loss_scale(self) -> float:
         """The current loss scale (1.0 without fp16)."""
