@@ -61,6 +61,7 @@ from dscore.runtime.engine_accessors import DeepSpeedAccessors
 from dscore.runtime.engine_errors import EngineAPIMissing, EngineError
 from dscore.runtime.engine_state import CheckpointState
 from dscore.runtime.logging_utils import log_rank0
+from dscore.runtime.offload_states import refuse_while_offloaded
 from dscore.runtime.timers import PhaseTimers
 
 if TYPE_CHECKING:
@@ -230,8 +231,7 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
     @runtime_scoped
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Call the module. With ``fp16.auto_cast`` floating-point tensor inputs are cast to fp16 first."""
-        if self._states_offloaded:
-            raise EngineError("the training states are offloaded (engine.offload_states()); call reload_states() first")
+        refuse_while_offloaded(self, "engine.forward()")
         if self._auto_cast_dtype is not None:
             args, kwargs = _cast_inputs(args, kwargs, self._auto_cast_dtype)
         if self._timers is None:
@@ -295,8 +295,10 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         Raises:
             EngineError: there is no optimizer, ``loss`` is not a scalar, or (managed accumulation, no
                 boundary set by the caller, outside ``no_sync``) ``backward`` already ran since the last
-                ``step()``: the micro-batches would be summed into one (issue 33; DeepSpeed sums silently).
+                ``step()``: the micro-batches would be summed into one (issue 33; DeepSpeed sums silently);
+                or the states are offloaded (``offload_states()``).
         """
+        refuse_while_offloaded(self, "engine.backward()")
         if self.zero_stage_impl.optimizer is None:
             raise EngineError(
                 "engine.backward() needs an optimizer: pass optimizer= or set optimizer.type in ds_config"
@@ -360,8 +362,7 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         """
         if self._in_no_sync:
             raise EngineError("engine.step() is not allowed inside no_sync(); leave the context first")
-        if self._states_offloaded:
-            raise EngineError("the training states are offloaded (engine.offload_states()); call reload_states() first")
+        refuse_while_offloaded(self, "engine.step()")
         if self.zero_stage_impl.optimizer is None:
             raise EngineError("engine.step() needs an optimizer: pass optimizer= or set optimizer.type in ds_config")
         self._step_applied = False
@@ -452,7 +453,12 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
 
     def zero_grad(self) -> None:  # type: ignore[override]  # DeepSpeed's engine.zero_grad() takes no argument
         """Drop accumulated gradients without stepping; every module parameter's ``.grad`` is None after it
-        (DeepSpeed's ``engine.zero_grad()``)."""
+        (DeepSpeed's ``engine.zero_grad()``).
+
+        Raises:
+            EngineError: the states are offloaded (``offload_states()``; the gradients' storage is freed).
+        """
+        refuse_while_offloaded(self, "engine.zero_grad()")
         self.zero_stage_impl.zero_grad()
         self._backwards_in_micro_step = 0  # the dropped micro-batch no longer counts (item 1's check)
 

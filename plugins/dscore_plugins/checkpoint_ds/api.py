@@ -112,7 +112,7 @@ def _check_against_engine(ck: DeepSpeedCheckpoint, engine: Any, strict: bool, wi
         own[n] = tuple(getattr(p, "ds_shape", p.shape))
     for n, b in module.named_buffers(remove_duplicate=False):
         own[n] = tuple(b.shape)
-    expected_keys = set(module.state_dict().keys())
+    expected_keys = set(module.state_dict(keep_vars=True).keys())  # keep_vars: ZeRO-3 params are released
     if strict:
         missing = sorted(expected_keys - saved_keys)
         unexpected = sorted(saved_keys - expected_keys)
