@@ -10,7 +10,8 @@ device mesh (:func:`build_mesh`) and asks the selected engine plugin to build it
 The mesh (:class:`dscore.parallel.mesh.ParallelMesh`) holds the data, sequence and tensor groups. :func:`assemble`
 runs every enabled model transform (:mod:`dscore.runtime.transforms`, in their ``order``; this module names
 none) before the precision cast, lets them adjust the ZeRO stage's inputs and wrap the stage, hands the stage
-the gradient group (sequence x data ranks), shards the data loader over the data-parallel ranks only, and
+the gradient group (sequence x data ranks) after making every rank's parameters and buffers rank 0's of that
+group (:func:`build_zero_stage`, :mod:`dscore.runtime.replicas`), shards the data loader over the data-parallel ranks only, and
 gives the engine ``dp_world_size = world / (tp x sp)``.
 """
 

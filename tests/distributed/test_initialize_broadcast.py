@@ -136,3 +136,167 @@ def test_initialize_gives_every_rank_rank0s_model_at_every_stage() -> None:
     # the ranks really started apart (rank 1's own seed), so the equality above is the broadcast's
     assert not torch.equal(r1["zero0"]["initial"]["lm_head.weight"], ref_initial["lm_head.weight"])
     assert not torch.equal(r1["zero_init"]["initial"]["buffer:marker"], ref_initial["buffer:marker"])
+
+
+def _autotp() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    import dscore
+
+    rank = dist.get_rank()
+    model = _llama(100 + rank)
+    full = {k: v.detach().clone() for k, v in model.named_parameters()}
+    cfg = {**_config(0), "tensor_parallel": {"autotp_size": 2}}
+    engine, *_ = dscore.initialize(model=model, config=cfg)
+    mesh = engine.runtime.mesh
+    local = {k: v.detach().clone() for k, v in engine.module.named_parameters()}
+    return {"full": full, "local": local, "dp": mesh.dp_rank, "tp": mesh.tp_rank}
+
+
+@pytest.mark.slow
+def test_autotp_shards_are_broadcast_within_their_data_parallel_group_only() -> None:
+    results = run_distributed(_autotp, 4, timeout=400)
+    by = {(r["dp"], r["tp"]): r for r in results}
+    assert sorted(by) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    sharded = [k for k, v in by[0, 0]["local"].items() if v.shape != by[0, 0]["full"][k].shape]
+    assert sharded, "AutoTP split nothing: the test would not see shards"
+    for tp in (0, 1):
+        src, dst = by[0, tp], by[1, tp]
+        # the second data-parallel replica of this tensor rank holds the first one's values, bitwise
+        _assert_same(dst["local"], src["local"], f"tp rank {tp}, dp rank 1 after initialize")
+        assert not torch.equal(dst["full"]["lm_head.weight"], src["full"]["lm_head.weight"])  # they started apart
+        for k in sharded:
+            # the source keeps its own shard: slice `tp` of its own full weight along the split dimension
+            v, w = src["local"][k], src["full"][k]
+            dim = 0 if v.shape[0] != w.shape[0] else 1
+            assert torch.equal(v, w.chunk(2, dim)[tp]), f"{k}: tp rank {tp}'s shard was overwritten"
+    for k in sharded:  # shards stay shards: the two tensor ranks hold different slices
+        assert not torch.equal(by[0, 0]["local"][k], by[0, 1]["local"][k]), k
+
+
+D, H, NE, TOKENS = 8, 16, 2, 6
+
+
+def _moe_net(ep: int, seed: int) -> Any:
+    from torch import nn
+
+    from dscore.moe.layer import MoE
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(seed)
+            self.inp = nn.Linear(D, D)
+            expert = nn.Sequential(nn.Linear(D, H), nn.ReLU(), nn.Linear(H, D))
+            self.moe = MoE(D, expert, num_experts=NE, ep_size=ep, k=1, drop_tokens=False, min_capacity=0)
+            self.out = nn.Linear(D, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h, _, _ = self.moe(torch.tanh(self.inp(x)))
+            return self.out(h)
+
+    return Net()
+
+
+def _moe() -> dict[int, Any]:
+    import torch.distributed as dist
+
+    import dscore
+    from dscore.moe.utils import is_moe_param, split_params_into_different_moe_groups_for_optimizer
+
+    rank = dist.get_rank()
+    out: dict[int, Any] = {}
+    for ep in (2, 1):
+        model = _moe_net(ep, 100 + rank)
+        initial = {k: v.detach().clone() for k, v in model.named_parameters()}
+        experts = sorted(k for k, v in model.named_parameters() if is_moe_param(v))
+        groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters())})
+        cfg = {"train_micro_batch_size_per_gpu": TOKENS, "optimizer": {"type": "SGD", "params": {"lr": LR}}}
+        engine, *_ = dscore.initialize(
+            model=model, model_parameters=groups, config={**cfg, "zero_optimization": {"stage": 1}}
+        )
+        after = {k: v.detach().clone() for k, v in engine.module.named_parameters()}
+        out[ep] = {"initial": initial, "after": after, "experts": experts}
+    return out
+
+
+@pytest.mark.slow
+def test_moe_expert_parameters_are_broadcast_within_their_expert_data_parallel_group() -> None:
+    r0, r1 = run_distributed(_moe, 2, timeout=300)
+    for ep in (2, 1):
+        experts = r0[ep]["experts"]
+        assert experts and experts == r1[ep]["experts"]
+        dense = [k for k in r0[ep]["initial"] if k not in experts]
+        for res in (r0, r1):  # dense parameters (the gate too): rank 0's, over the whole data-parallel group
+            _assert_same({k: res[ep]["after"][k] for k in dense}, {k: r0[ep]["initial"][k] for k in dense}, f"ep {ep}")
+        for k in experts:
+            assert not torch.equal(r0[ep]["initial"][k], r1[ep]["initial"][k]), k  # the ranks started apart
+            if ep == 2:  # each rank holds other experts (an EDP group of one): its own, untouched
+                assert torch.equal(r1[ep]["after"][k], r1[ep]["initial"][k]), k
+            else:  # both ranks hold every expert (one EDP group of 2): rank 0's
+                assert torch.equal(r1[ep]["after"][k], r0[ep]["initial"][k]), k
+
+
+def _pipeline() -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch import nn
+
+    import dscore
+    from dscore.pipe import LayerSpec, PipelineModule
+
+    rank = dist.get_rank()
+    torch.manual_seed(100 + rank)
+    layers = [LayerSpec(nn.Linear, 4, 8), LayerSpec(nn.Tanh), LayerSpec(nn.Linear, 8, 2)]
+    model = PipelineModule(layers=layers, num_stages=1, loss_fn=nn.functional.mse_loss)
+    initial = {k: v.detach().clone() for k, v in model.named_parameters()}
+    cfg = {
+        "train_batch_size": 4,
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": LR}},
+    }
+    engine, *_ = dscore.initialize(model=model, config=cfg)
+    return {"initial": initial, "after": {k: v.detach().clone() for k, v in engine.module.named_parameters()}}
+
+
+@pytest.mark.slow
+def test_pipeline_engine_broadcasts_within_its_data_parallel_group() -> None:
+    r0, r1 = run_distributed(_pipeline, 2, timeout=240)
+    assert not torch.equal(r0["initial"]["0.weight"], r1["initial"]["0.weight"])  # the ranks started apart
+    for res in (r0, r1):
+        _assert_same(res["after"], r0["initial"], "pipeline dp replica after initialize")
+
+
+def _packing() -> dict[str, Any]:
+    import torch.distributed as dist
+    from torch import nn
+
+    from dscore.comm import Comm
+    from dscore.runtime.replicas import broadcast_replicas
+
+    rank = dist.get_rank()
+    torch.manual_seed(100 + rank)
+    m = nn.Module()
+    m.big = nn.Parameter(torch.randn(40))  # 160 bytes > the bucket: travels alone, in place
+    m.low = nn.Parameter(torch.randn(3, 5).to(torch.bfloat16))
+    m.wide = nn.Parameter(torch.randn(3, dtype=torch.float64))
+    m.odd = nn.Parameter(torch.randn(5, 3).t())  # not contiguous: staged through a bucket
+    m.register_buffer("count", torch.randint(0, 1000, (3,)))
+    m.register_buffer("mask", torch.rand(7) > 0.5, persistent=False)
+    before = {k: v.detach().clone() for k, v in [*m.named_parameters(), *m.named_buffers()]}
+    summary = broadcast_replicas(m, Comm(None, backend="gloo"), device=torch.device("cpu"), bucket_bytes=64)
+    after = {k: v.detach().clone() for k, v in [*m.named_parameters(), *m.named_buffers()]}
+    return {"before": before, "after": after, "summary": summary, "odd_stride": m.odd.stride()}
+
+
+@pytest.mark.slow
+def test_broadcast_packs_mixed_dtypes_into_bounded_buckets() -> None:
+    r0, r1 = run_distributed(_packing, 2, timeout=120)
+    for res in (r0, r1):
+        _assert_same(res["after"], r0["before"], "after broadcast_replicas")
+        assert res["odd_stride"] == (1, 3)  # written through the parameter's own (transposed) storage
+    s = r0["summary"]
+    assert s.tensors == 6 and s.skipped_partitioned == 0
+    assert s.nbytes == sum(v.numel() * v.element_size() for v in r0["before"].values())
+    # 64-byte buckets (aligned starts): big | low (30 B) + wide (24 B) | odd (60 B) | count (24 B) + mask (7 B)
+    assert s.calls == 4
+    assert not torch.equal(r1["before"]["count"], r0["before"]["count"])
