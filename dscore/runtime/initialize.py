@@ -18,8 +18,9 @@ already initialised process group):
    :func:`dscore.runtime.assembly.assemble`): precision mode (the ``PrecisionSpec`` whose ``config_key``
    block is enabled, else the default one); every enabled model transform's ``apply`` in order (AutoTP,
    AutoEP, Ulysses, ...); module to the device and cast;
-5. optimizer (client instance / callable / ``optimizer.type``); ZeRO stage object
-   (``registry.zero_stage(config.zero_stage)``); LR scheduler over ``zero_stage.optimizer``;
+5. optimizer (client instance / callable / ``optimizer.type``); every rank's parameters and buffers made
+   rank 0's of its data-parallel group (:mod:`dscore.runtime.replicas`, as DeepSpeed's ``_broadcast_model``);
+   ZeRO stage object (``registry.zero_stage(config.zero_stage)``); LR scheduler over ``zero_stage.optimizer``;
 6. training data loader; monitors (rank 0, every enabled block); each transform's ``verify`` of the built
    engine; ``dscore_engine_created`` hook.
 
