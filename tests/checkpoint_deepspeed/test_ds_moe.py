@@ -180,7 +180,7 @@ def _close(a: dict, b: dict) -> None:
 
 @pytest.mark.slow
 def test_real_deepspeed_moe_checkpoint_loads_at_ep2_and_ep1() -> None:
-    with open(str(FIXTURE) + ".expected.json", encoding="utf-8") as f:
+    with open(str(FIXTURE) + ".moe.json", encoding="utf-8") as f:
         want = json.load(f)["at_save"]
     results = run_distributed(_load_real, 2, str(FIXTURE), timeout=300)
     for r in results:

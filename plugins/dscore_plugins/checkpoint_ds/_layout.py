@@ -256,7 +256,12 @@ class DeepSpeedCheckpoint:
         MoE layer's key prefix and expert count (``num_experts`` of the model file, by layer id)."""
         counts = ms.get("num_experts")
         if not isinstance(counts, list) or not all(isinstance(c, int) and c > 0 for c in counts):
-            raise bad_file(self.model_file, f"expert files are present but 'num_experts' is {counts!r}, not a list")
+            first = min(self.expert_files)
+            raise bad_file(
+                self.model_file,
+                f"expert files are present ({self.expert_files[first]}, ...) but "
+                f"'num_experts' is {counts!r}, not a list",
+            )
         wanted = {(layer, e) for layer, n in enumerate(counts) for e in range(n)}
         missing = sorted(wanted - set(self.expert_files))
         extra = sorted(set(self.expert_files) - wanted)
