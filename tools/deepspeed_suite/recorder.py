@@ -57,10 +57,15 @@ def _message(report: Any) -> str:
         return str(report.longrepr[2])[:500]
     if report.passed:
         return ""
+    text = str(report.longreprtext)
+    for line in reversed(text.splitlines()):  # the raised exception, wherever the traceback ends
+        m = _EXC_LINE.match(line.strip())
+        if m:
+            return m.group(1)[:500]
     crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
     if crash is not None and getattr(crash, "message", ""):
         return summary_line(crash.message) or crash.message[:500]
-    return summary_line(str(report.longreprtext))
+    return summary_line(text)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
