@@ -2,7 +2,8 @@
 # Two commands do everything on a fresh clone (Python >= 3.10, a C++ compiler, make):
 #   make run   - set up (idempotent) and train the example GPT with 2 ranks (examples/gpt/)
 #   make test  - set up (idempotent) and run the whole test suite (CI runs this, then `make lint`)
-# Other targets: setup (the venv alone), lint (ruff, import contract, mypy), bench (bench/run_all.sh),
+# Other targets: setup (the venv alone), lint (ruff, import contract, mypy), test-deepspeed-suite (DeepSpeed's own
+# unit suite against compat/deepspeed, writes docs/deepspeed-suite.md), bench (bench/run_all.sh),
 # bench-venv (a separate venv with DeepSpeed 0.19.8 for the benchmarks' side-by-side rows), clean (remove the venvs).
 # After `make setup`, `source .venv/bin/activate` puts `dscore` on PATH. setup also installs compat/deepspeed
 # (the `deepspeed` import name on top of dscore, for the Trainer/Accelerate tests in tests/compat/).
@@ -11,7 +12,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dscore-setup-done
 
-.PHONY: setup run test lint bench bench-venv clean
+.PHONY: setup run test test-deepspeed-suite lint bench bench-venv clean
 
 setup: $(STAMP)
 
@@ -35,6 +36,14 @@ run: setup
 
 test: setup
 	$(PY) -m pytest
+
+# The conformance tier (tools/deepspeed_suite.py): DeepSpeed's own tests/unit from ../shared/reference/deepspeed-tests
+# against compat/deepspeed with DeepSpeed's CPU CI command (pytest --forked, then -m sequential; LOCAL_SIZE=2),
+# import mode first; writes docs/deepspeed-suite.md. Skips (exit 0) when ../shared is absent. Hours on 2 cores:
+# SUITE_ARGS="--budget 600" time-boxes the run mode, SUITE_ARGS=collect runs the import mode alone.
+SUITE_ARGS ?=
+test-deepspeed-suite: setup
+	$(PY) tools/deepspeed_suite.py $(SUITE_ARGS)
 
 # ruff; the import contract (pyproject [tool.importlinter]: the core never imports a built-in plugin,
 # plugins never import a private core module); mypy over dscore/ (pyproject [tool.mypy])

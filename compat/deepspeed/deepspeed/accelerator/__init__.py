@@ -1,33 +1,16 @@
-"""``deepspeed.accelerator.get_accelerator()``: dscore's accelerator (``dscore.accelerator``).
+"""``deepspeed.accelerator``: DeepSpeed 0.19.8's accelerator API over dscore's accelerator plugins.
 
-Inside an engine's calls it is the engine's runtime accelerator; elsewhere the one dscore selects from its
-installed accelerator plugins (``DS_ACCELERATOR`` / probing), chosen once per process as DeepSpeed does.
+``get_accelerator()`` returns a :class:`~deepspeed.accelerator.abstract_accelerator.DeepSpeedAccelerator`
+mapping one dscore accelerator (``dscore.accelerator``): inside an engine's calls the engine's runtime
+accelerator, elsewhere the one dscore selects (``DS_ACCELERATOR`` / probing), chosen once per process.
+``set_accelerator(obj)`` overrides it; ``is_current_accelerator_supported()`` says whether it is an
+installed dscore accelerator. ``cpu_accelerator.CPU_Accelerator`` / ``cuda_accelerator.CUDA_Accelerator``
+build the object for a named dscore accelerator.
 """
 
 from __future__ import annotations
 
-import functools
-from typing import Any
+from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
+from deepspeed.accelerator.real_accelerator import get_accelerator, is_current_accelerator_supported, set_accelerator
 
-__all__ = ["get_accelerator"]
-
-
-@functools.lru_cache(maxsize=1)
-def _selected() -> Any:
-    from dscore.accelerator import select_accelerator
-    from dscore.plugin_manager import create_plugin_manager
-    from dscore.registry import Registry
-
-    accelerator, _reason = select_accelerator(Registry(create_plugin_manager()))
-    return accelerator
-
-
-def get_accelerator() -> Any:
-    """The accelerator object (``device_name(i)``, ``current_device_name()``, ``communication_backend_name()``,
-    ``synchronize()``, ``empty_cache()``, memory and RNG methods; see :class:`dscore.accelerator.Accelerator`)."""
-    from dscore.runtime.context import peek_runtime
-
-    runtime = peek_runtime()
-    if runtime is not None:
-        return runtime.accelerator
-    return _selected()
+__all__ = ["DeepSpeedAccelerator", "get_accelerator", "is_current_accelerator_supported", "set_accelerator"]

@@ -1,11 +1,13 @@
 """``deepspeed.ops``: the CPU optimizers (``adam.DeepSpeedCPUAdam``, ``adagrad.DeepSpeedCPUAdagrad``,
-``lion.DeepSpeedCPULion``), found through dscore's optimizer registry under their DeepSpeed names."""
+``lion.DeepSpeedCPULion``), found through dscore's optimizer registry under their DeepSpeed names;
+``op_builder`` (DeepSpeed's builder classes over dscore's op builders) and ``__compatible_ops__`` (op name ->
+whether it can be built here, asked of each builder on first access)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["adagrad", "adam", "lion", "registered_optimizer_class"]
+__all__ = ["adagrad", "adam", "lion", "op_builder", "registered_optimizer_class"]
 
 
 def registered_optimizer_class(name: str) -> Any:
@@ -24,8 +26,14 @@ def registered_optimizer_class(name: str) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("adam", "adagrad", "lion"):
+    if name in ("adam", "adagrad", "lion", "op_builder"):
         from importlib import import_module
 
         return import_module(f"deepspeed.ops.{name}")
+    if name == "__compatible_ops__":
+        from deepspeed.ops.op_builder import ALL_OPS
+
+        compatible = {op: builder.is_compatible() for op, builder in ALL_OPS.items()}
+        globals()[name] = compatible
+        return compatible
     raise AttributeError(f"deepspeed.ops.{name} is not provided by dscore's compatibility layer")

@@ -18,6 +18,7 @@ __all__ = [
     "log_dist",
     "logger",
     "set_z3_leaf_modules",
+    "torch",
     "unset_z3_leaf_modules",
     "z3_leaf_module",
 ]
@@ -38,7 +39,7 @@ def __getattr__(name: str) -> Any:
                 f"(dscore.zero.{name} is missing); upgrade dscore"
             )
         return value
-    if name in ("zero_to_fp32", "logging", "groups"):
+    if name in ("zero_to_fp32", "logging", "groups", "torch"):
         from importlib import import_module
 
         return import_module(f"deepspeed.utils.{name}")
