@@ -206,7 +206,8 @@ class ParallelMesh:
     Attributes:
         shape: the :class:`MeshShape`.
         rank: this process's global rank; ``dp_rank`` / ``sp_rank`` / ``tp_rank`` its coordinates.
-        tp_comm / sp_comm / dp_comm / grad_comm: facades bound to this rank's groups.
+        tp_comm / sp_comm / dp_comm / grad_comm: facades bound to this rank's groups (:attr:`world_comm`: the
+            world's).
         zero_param_intra_comm: the ZeRO++ hpZ group's facade once stage 3 built it, else None.
     """
 
@@ -365,6 +366,12 @@ class ParallelMesh:
                 "ep_size E gets the groups 'ep_size_<E>' at dscore.initialize"
             )
         return groups
+
+    @property
+    def world_comm(self) -> Any:
+        """The :class:`dscore.comm.Comm` of the whole world the mesh was built over (:meth:`create`'s ``comm``);
+        None for a mesh constructed by hand without one."""
+        return self._base
 
     @property
     def tp_size(self) -> int:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
@@ -90,6 +90,13 @@ class TransformContext(Generic[SectionT]):
         client_optimizer: ``optimizer=`` of ``initialize`` (an instance, a callable, or None).
         precision: the selected :class:`~dscore.protocols.precision.PrecisionMode` (``name``: fp32 / fp16 /
             bf16); the module is cast by it after every :meth:`~ModelTransform.apply`.
+        replicas_equal: tensors of ``model`` that :meth:`~ModelTransform.apply` made equal on every rank of
+            each group a ZeRO stage reduces over (e.g. AutoTP broadcasts the unsplit model from world rank 0
+            before slicing it): the stage's replica broadcast
+            (:func:`dscore.runtime.replicas.broadcast_replicas`, ``already_equal``) skips them, so they do not
+            travel twice. Matched by object identity (a tensor replaced afterwards, such as a buffer moved by
+            ``Module.to``, is broadcast as usual); the same tensors on every rank; empty by default. A later
+            transform that changes one of them differently per rank must remove it.
     """
 
     runtime: Runtime
@@ -101,6 +108,7 @@ class TransformContext(Generic[SectionT]):
     model_parameters: Iterable[Any] | None
     client_optimizer: Any
     precision: PrecisionMode
+    replicas_equal: list[torch.Tensor] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)

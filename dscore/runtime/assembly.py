@@ -176,6 +176,7 @@ def assemble(
         precision=precision,
         loss_scaler=loss_scaler,
         comm=mesh.grad_comm,
+        already_equal=transforms.replicas_equal,
     )
     zero_stage = transforms.wrap_stage(zero_stage, inputs)
     scheduler = build_lr_scheduler(
@@ -235,12 +236,15 @@ def build_zero_stage(
     precision: PrecisionMode,
     loss_scaler: Any,
     comm: Any,
+    already_equal: Iterable[torch.Tensor] = (),
 ) -> ZeroStage:
     """The ZeRO stage plugin object for ``cfg.zero_stage`` over ``module``, reducing over ``comm``.
 
     Before the stage is built, every rank's parameters and buffers become rank 0's of ``comm``'s group
     (expert parameters: of their expert-data-parallel group; ``zero.Init`` partitions are already rank 0's):
-    :func:`dscore.runtime.replicas.broadcast_replicas`, collective over ``comm``.
+    :func:`dscore.runtime.replicas.broadcast_replicas`, collective over ``comm``. ``already_equal``: tensors
+    known to be equal over ``comm``'s group already (the transforms'
+    :attr:`~dscore.protocols.transform.TransformContext.replicas_equal`), which the broadcast skips.
 
     Raises:
         ConfigError: ZeRO stage 1 or 2 without an optimizer, or a client optimizer it cannot use.
@@ -284,7 +288,13 @@ def build_zero_stage(
     # the stage takes the replicas as equal: make them rank 0's (DeepSpeed's _broadcast_model, see replicas.py)
     mesh = getattr(runtime, "mesh", None)
     in_mesh = mesh is not None and comm in (mesh.grad_comm, mesh.dp_comm)
-    broadcast_replicas(module, comm, device=runtime.accelerator.device(), mesh=mesh if in_mesh else None)
+    broadcast_replicas(
+        module,
+        comm,
+        device=runtime.accelerator.device(),
+        mesh=mesh if in_mesh else None,
+        already_equal=already_equal,
+    )
     zero_stage: ZeroStage = stage_cls(ctx)
     return zero_stage
 

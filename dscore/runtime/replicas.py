@@ -13,9 +13,18 @@ every parameter (frozen ones too) is broadcast from the first rank of the sequen
 an MoE expert parameter (``allreduce = False``, ``group_name = "ep_size_<E>"``) from the first rank of its
 expert-data-parallel group instead; parameters already partitioned by ``zero.Init`` are skipped (``Init``
 broadcast them from rank 0 as it partitioned them). Tensor-parallel shards are never broadcast across
-tensor ranks, because the group excludes them. DeepSpeed has no switch to turn it off.
+tensor ranks, because the group excludes them: DeepSpeed assumes every tensor rank built the same full
+model (an equal seed). DeepSpeed has no switch to turn it off.
 
-dscore differs in two ways, both documented choices:
+dscore differs in three ways, all documented choices:
+
+* tensor parallelism (AutoTP): before the split, :func:`dscore.parallel.autotp.apply_autotp` broadcasts the
+  whole unsplit model from world rank 0 over the world with this module's packing, so every tensor rank
+  slices its shard from world rank 0's weights and the replicated parameters (norms, unsplit embeddings,
+  biases of row-split layers) are world rank 0's on every tensor rank. The split tensors are then equal
+  over every data-parallel group already, so the transform hands them to :func:`broadcast_replicas` as
+  ``already_equal`` (through :attr:`dscore.protocols.transform.TransformContext.replicas_equal`) and the
+  data-parallel broadcast skips them: the model costs one broadcast in all, not one per group kind;
 
 * buffers (persistent and non-persistent) are broadcast too, so running statistics and any buffer
   initialised from a rank-dependent generator are rank 0's as well (DeepSpeed leaves buffers as each rank
@@ -31,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +70,8 @@ class BroadcastSummary:
         nbytes: their bytes (a rank receives, or rank 0 of each group sends, this much).
         calls: broadcast collectives issued.
         skipped_partitioned: parameters left alone because ``zero.Init`` already partitioned them.
+        skipped_equal: parameters and buffers left alone because the caller declared them equal already
+            (``already_equal``).
         seconds: wall time of the whole call (packing, collectives, unpacking).
     """
 
@@ -68,6 +79,7 @@ class BroadcastSummary:
     nbytes: int
     calls: int
     skipped_partitioned: int
+    skipped_equal: int
     seconds: float
 
 
@@ -168,6 +180,7 @@ def broadcast_replicas(
     device: torch.device,
     mesh: Any = None,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    already_equal: Iterable[torch.Tensor] = (),
 ) -> BroadcastSummary:
     """Overwrite every rank's parameters and buffers with rank 0's of their replica group (collective).
 
@@ -180,6 +193,11 @@ def broadcast_replicas(
         mesh: the run's :class:`dscore.parallel.mesh.ParallelMesh` when ``comm`` is one of its groups: MoE
             expert groups are then the mesh's (:func:`dscore.moe.groups.expert_groups`).
         bucket_bytes: upper bound of one packed buffer, in bytes (> 0).
+        already_equal: tensors of ``module`` the caller knows to be equal on every rank of ``comm``'s group
+            already (made so by an earlier broadcast over a group containing it, then changed identically
+            on every rank): left alone. Matched by identity (the same ``Parameter`` / buffer object), so a
+            tensor replaced since (a buffer moved by ``Module.to``) is broadcast. Every rank must pass the
+            same tensors: the packed buckets are laid out from what remains.
 
     Returns:
         a :class:`BroadcastSummary` (also logged at INFO on rank 0).
@@ -193,6 +211,13 @@ def broadcast_replicas(
         raise ValueError(f"bucket_bytes must be a positive number of bytes, got {bucket_bytes}")
     started = time.perf_counter()
     groups, skipped = replica_groups(module)
+    known = {id(t) for t in already_equal}
+    equal = 0
+    if known:
+        for key, members in groups.items():
+            kept = [t for t in members if id(t) not in known]
+            equal += len(members) - len(kept)
+            groups[key] = kept
     tensors = nbytes = calls = 0
     for key in sorted(groups, key=lambda k: (k is not None, k or "")):  # the same order on every rank
         if key is None:
@@ -205,15 +230,17 @@ def broadcast_replicas(
         calls += _broadcast_group(members, group_comm, device, bucket_bytes)
         tensors += len(members)
         nbytes += sum(t.numel() * t.element_size() for t in members)
-    summary = BroadcastSummary(tensors, nbytes, calls, skipped, time.perf_counter() - started)
+    summary = BroadcastSummary(tensors, nbytes, calls, skipped, equal, time.perf_counter() - started)
     if calls and int(comm.get_rank()) == 0:
         log.info(
             "replicas made equal: %d parameter/buffer tensor(s), %.1f MiB from rank 0 of each data-parallel "
-            "group in %d broadcast(s), %.3f s (%d zero.Init-partitioned parameter(s) already rank 0's)",
+            "group in %d broadcast(s), %.3f s (%d zero.Init-partitioned parameter(s) already rank 0's, %d "
+            "tensor(s) declared equal already)",
             summary.tensors,
             summary.nbytes / 2**20,
             summary.calls,
             summary.seconds,
             summary.skipped_partitioned,
+            summary.skipped_equal,
         )
     return summary

@@ -211,6 +211,19 @@ class ActiveTransforms:
         """The applied transforms' names, in order."""
         return [spec.name for spec, _, _ in self.steps]
 
+    @property
+    def replicas_equal(self) -> list[torch.Tensor]:
+        """Every transform's :attr:`~dscore.protocols.transform.TransformContext.replicas_equal`, in order, each
+        tensor once: what the ZeRO stage's replica broadcast may skip."""
+        seen: set[int] = set()
+        out: list[torch.Tensor] = []
+        for _, _, ctx in self.steps:
+            for t in ctx.replicas_equal:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    out.append(t)
+        return out
+
     def adjust_stage(self, inputs: StageInputs) -> StageInputs:
         """``inputs`` passed through every transform's ``adjust_stage``, in order."""
         for _, obj, ctx in self.steps:

@@ -4,8 +4,9 @@ Every rank seeds torch with its own rank before building the model (and fills a 
 non-persistent buffer from that generator), as a script that forgets to seed alike does. Right after
 ``initialize`` every rank's (gathered) parameters and buffers must be rank 0's initial values, at ZeRO 0,
 1, 2, 3 and with ``zero.Init``; after one step both ranks equal a single-process reference trained from
-rank 0's initialisation on both ranks' batches. Model-parallel layouts keep their shards: AutoTP shards
-are broadcast only within their data-parallel group (4 ranks, tp 2 x dp 2), MoE expert parameters within
+rank 0's initialisation on both ranks' batches. AutoTP (tp 2, and tp 2 x dp 2): every tensor rank's shard is
+its slice of world rank 0's unsplit model and the replicated parameters are world rank 0's (one world-wide
+broadcast before the split; the data-parallel broadcast then moves nothing). MoE expert parameters within
 their expert-data-parallel group (ep 2: each rank keeps its own experts; ep 1: rank 0's experts). The
 model is a tiny Hugging Face ``LlamaForCausalLM`` built from a config (its rotary ``inv_freq`` is a
 non-persistent buffer).
@@ -138,40 +139,119 @@ def test_initialize_gives_every_rank_rank0s_model_at_every_stage() -> None:
     assert not torch.equal(r1["zero_init"]["initial"]["buffer:marker"], ref_initial["buffer:marker"])
 
 
-def _autotp() -> dict[str, Any]:
+def _autotp(probe_refusals: bool) -> dict[str, Any]:
+    """One AutoTP (tp 2) ZeRO-0 run from a rank-dependent seed: the model before, right after initialize, after
+    one SGD step, and the data-parallel broadcast's summary; on 2 ranks also tp_model_init and zero.Init."""
     import torch.distributed as dist
 
     import dscore
+    import dscore.runtime.assembly as assembly
+    from dscore.errors import ConfigError
+    from dscore.parallel.autotp import tp_params_of
 
     rank = dist.get_rank()
     model = _llama(100 + rank)
     full = {k: v.detach().clone() for k, v in model.named_parameters()}
     cfg = {**_config(0), "tensor_parallel": {"autotp_size": 2}}
-    engine, *_ = dscore.initialize(model=model, config=cfg)
+    summaries: list[Any] = []
+    real = assembly.broadcast_replicas
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        summaries.append(real(*args, **kwargs))
+        return summaries[-1]
+
+    assembly.broadcast_replicas = recording
+    try:
+        engine, *_ = dscore.initialize(model=model, config=cfg)
+    finally:
+        assembly.broadcast_replicas = real
     mesh = engine.runtime.mesh
     local = {k: v.detach().clone() for k, v in engine.module.named_parameters()}
-    return {"full": full, "local": local, "dp": mesh.dp_rank, "tp": mesh.tp_rank}
+    dims = {k: spec.dim for k, spec in tp_params_of(engine.module).items()}
+    loss = engine(input_ids=_ids(mesh.dp_rank), labels=_ids(mesh.dp_rank)).loss
+    engine.backward(loss)
+    engine.step()
+    out: dict[str, Any] = {
+        "full": full,
+        "local": local,
+        "dims": dims,
+        "buffers": len(list(engine.module.buffers())),
+        "after_step": {k: v.detach().clone() for k, v in engine.zero_stage_impl.module_state_dict().items()},
+        "dp_summary": summaries[0],
+        "dp": mesh.dp_rank,
+        "tp": mesh.tp_rank,
+        "dp_size": mesh.dp_size,
+    }
+    if probe_refusals:
+        # DeepSpeed's flow: split before initialize, from a rank-dependent seed too
+        pre = dscore.tp_model_init(_llama(100 + rank), tp_size=2)
+        out["tp_model_init"] = {k: v.detach().clone() for k, v in pre.named_parameters()}
+        with dscore.zero.Init():
+            born_partitioned = _llama(100 + rank)
+        try:
+            dscore.initialize(model=born_partitioned, config={**_config(3), "tensor_parallel": {"autotp_size": 2}})
+            out["zero_init"] = None
+        except ConfigError as exc:
+            out["zero_init"] = (str(exc), exc.path)
+    return out
+
+
+def _tp_reference(dp: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """World rank 0's unsplit model, and that model after one SGD step on the ``dp`` replicas' batches."""
+    model = _llama(100)
+    initial = {k: v.detach().clone() for k, v in model.named_parameters()}
+    ids = torch.cat([_ids(d) for d in range(dp)])
+    model(input_ids=ids, labels=ids).loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= LR * p.grad
+    return initial, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _check_autotp(results: list[dict[str, Any]]) -> None:
+    by = {(r["dp"], r["tp"]): r for r in results}
+    dp = results[0]["dp_size"]
+    assert sorted(by) == [(d, t) for d in range(dp) for t in (0, 1)]
+    ref_initial, ref_step = _tp_reference(dp)
+    _assert_same(by[0, 0]["full"], ref_initial, "world rank 0's own model is the reference's")
+    dims = by[0, 0]["dims"]
+    assert dims, "AutoTP split nothing: the test would not see shards"
+    replicated = [k for k in ref_initial if k not in dims]
+    assert "model.norm.weight" in replicated
+    for (d, t), res in by.items():
+        if (d, t) != (0, 0):  # every other rank started from its own weights
+            assert not torch.equal(res["full"]["lm_head.weight"], ref_initial["lm_head.weight"]), (d, t)
+        # bitwise, right after initialize: this tensor rank's slice of world rank 0's full weight ...
+        for k, dim in dims.items():
+            want = ref_initial[k].chunk(2, dim)[t]
+            assert torch.equal(res["local"][k], want), f"dp {d} tp {t}: shard {k} is not world rank 0's slice"
+        # ... and world rank 0's replicated parameters
+        _assert_same({k: res["local"][k] for k in replicated}, {k: ref_initial[k] for k in replicated}, f"{d, t}")
+        # one step later: the one-process reference trained from world rank 0's model on every replica's batch
+        _assert_same(res["after_step"], ref_step, f"dp {d} tp {t} after one step", atol=1e-5)
+        # the pre-split broadcast made the split model equal over the data-parallel group: nothing sent twice
+        s = res["dp_summary"]
+        assert s.skipped_equal == len(res["local"]) + res["buffers"] and s.nbytes == 0 and s.calls == 0, s
 
 
 @pytest.mark.slow
-def test_autotp_shards_are_broadcast_within_their_data_parallel_group_only() -> None:
-    results = run_distributed(_autotp, 4, timeout=400)
-    by = {(r["dp"], r["tp"]): r for r in results}
-    assert sorted(by) == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    sharded = [k for k, v in by[0, 0]["local"].items() if v.shape != by[0, 0]["full"][k].shape]
-    assert sharded, "AutoTP split nothing: the test would not see shards"
-    for tp in (0, 1):
-        src, dst = by[0, tp], by[1, tp]
-        # the second data-parallel replica of this tensor rank holds the first one's values, bitwise
-        _assert_same(dst["local"], src["local"], f"tp rank {tp}, dp rank 1 after initialize")
-        assert not torch.equal(dst["full"]["lm_head.weight"], src["full"]["lm_head.weight"])  # they started apart
-        for k in sharded:
-            # the source keeps its own shard: slice `tp` of its own full weight along the split dimension
-            v, w = src["local"][k], src["full"][k]
-            dim = 0 if v.shape[0] != w.shape[0] else 1
-            assert torch.equal(v, w.chunk(2, dim)[tp]), f"{k}: tp rank {tp}'s shard was overwritten"
-    for k in sharded:  # shards stay shards: the two tensor ranks hold different slices
-        assert not torch.equal(by[0, 0]["local"][k], by[0, 1]["local"][k]), k
+def test_autotp_tp2_shards_and_replicas_come_from_world_rank0() -> None:
+    results = run_distributed(_autotp, 2, True, timeout=400)
+    _check_autotp(results)
+    ref_initial, _ = _tp_reference(1)
+    for t, res in enumerate(results):
+        for k, v in res["tp_model_init"].items():  # tp_model_init slices world rank 0's model too
+            dim = res["dims"].get(k)
+            want = ref_initial[k] if dim is None else ref_initial[k].chunk(2, dim)[t]
+            assert torch.equal(v, want), f"tp_model_init on rank {t}: {k}"
+        # zero.Init partitions cannot be sliced: refused, naming the key
+        message, path = res["zero_init"]
+        assert path == "tensor_parallel.autotp_size" and "zero.Init" in message, message
+
+
+@pytest.mark.slow
+def test_autotp_tp2_dp2_shards_and_replicas_come_from_world_rank0() -> None:
+    _check_autotp(run_distributed(_autotp, 4, False, timeout=400))
 
 
 D, H, NE, TOKENS = 8, 16, 2, 6

@@ -43,6 +43,12 @@ class AutoTPTransform(ModelTransform["TensorParallelConfig"]):
     def apply(self, ctx: TransformContext[TensorParallelConfig]) -> None:
         """Check the config against the precision and client optimizer, split the model, remap the parameters.
 
+        The split starts with a broadcast of the unsplit model from world rank 0 over the world
+        (:func:`~dscore_plugins.parallel.autotp.plan.apply_autotp`), so every tensor of the split model is
+        declared in ``ctx.replicas_equal``: the ZeRO stage's data-parallel broadcast skips them (the model
+        travels once). A model split before ``initialize`` (``tp_model_init``) declares nothing: user code
+        may have changed it since, so the data-parallel broadcast runs as usual.
+
         Raises:
             ConfigError: as :func:`~dscore_plugins.parallel.autotp.plan.check_tp_config` and
                 :func:`~dscore_plugins.parallel.autotp.plan.apply_autotp`.
@@ -50,7 +56,10 @@ class AutoTPTransform(ModelTransform["TensorParallelConfig"]):
         from dscore_plugins.parallel.autotp.plan import apply_autotp, check_tp_config, remap_parameters
 
         check_tp_config(ctx.config, precision_name=ctx.precision.name, client_optimizer=ctx.client_optimizer)
+        split_here = getattr(ctx.model, "_dscore_autotp", None) is None
         apply_autotp(ctx.model, ctx.mesh, ctx.section)
+        if split_here:  # every tensor is world rank 0's (sliced alike): equal over each data-parallel group
+            ctx.replicas_equal = [*ctx.model.parameters(), *ctx.model.buffers()]
         ctx.model_parameters = remap_parameters(ctx.model, ctx.model_parameters)
 
     def adjust_stage(self, ctx: TransformContext[TensorParallelConfig], inputs: StageInputs) -> StageInputs:

@@ -16,8 +16,13 @@ Stricter than DeepSpeed: a user pattern that matches no parameter, a model in wh
 dim that does not divide by the degree, or attention heads not divisible by it are :class:`ConfigError`\\ s
 naming the pattern / module; DeepSpeed trains unsharded without a word.
 
+The split starts from one model: :func:`apply_autotp` first broadcasts the unsplit model's parameters and
+buffers from world rank 0 over the world, so a rank-dependent seed cannot make the tensor ranks slice
+different weights (DeepSpeed 0.19.8 assumes an equal seed there).
+
 What is refused with tensor parallelism (``ConfigError`` naming the key): a client optimizer *instance* (its
-groups hold the unsplit parameters). fp16 and bf16 are both supported: the gradient norm, the overflow verdict
+groups hold the unsplit parameters); a model built under ``dscore.zero.Init`` (its partitions cannot be
+sliced; DeepSpeed 0.19.8 gathers them first, dscore does not yet). fp16 and bf16 are both supported: the gradient norm, the overflow verdict
 (so the skip and the loss scaler's update) and clipping are the whole model's, agreed in one all-reduce over
 every rank (:class:`dscore_plugins.parallel.autotp.stage.TensorParallelStage`): the global norm counts every
 shard once and every replicated parameter once. A checkpoint of a tensor-parallel run holds full tensors
@@ -43,6 +48,8 @@ from dscore.parallel.tp_layers import (
     RowParallelLinear,
     TPParam,
 )
+from dscore.runtime.replicas import broadcast_replicas
+from dscore.zero.partition import unit_of
 
 if TYPE_CHECKING:
     from dscore.parallel.mesh import ParallelMesh
@@ -313,14 +320,25 @@ def _set_module(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None
 def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParallelConfig) -> dict[str, Rule]:
     """Split ``model`` in place over ``mesh``'s tensor-parallel group (see the module docstring).
 
-    A model already split by :func:`tp_model_init` with the same degree is left as it is.
+    Collective over the world: before anything is sliced, every parameter and buffer of the unsplit model
+    becomes world rank 0's (:func:`dscore.runtime.replicas.broadcast_replicas` over
+    :attr:`~dscore.parallel.mesh.ParallelMesh.world_comm`), so each tensor rank's shard is its slice of one
+    model and the replicated parameters are equal on every tensor rank whatever seed each rank built with
+    (DeepSpeed 0.19.8 broadcasts only over the data-parallel group and so assumes an equal seed). Afterwards
+    every tensor of ``model`` is equal over each group of ranks sharing a tensor-parallel rank.
+
+    A model already split by :func:`tp_model_init` with the same degree is left as it is (it was made equal
+    when it was split).
 
     Returns:
         The plan applied (``{module name: Rule}``).
 
     Raises:
         ConfigError: as :func:`plan_autotp`; a split dim not divisible by the degree (names the module); a model
-            split before with another degree.
+            split before with another degree; a model built under ``dscore.zero.Init`` (partitioned
+            parameters, names the first).
+        DscoreError: ``mesh`` has no :attr:`~dscore.parallel.mesh.ParallelMesh.world_comm` (not built by
+            ``ParallelMesh.create``).
     """
     tp, rank = mesh.tp_size, mesh.tp_rank
     done = getattr(model, "_dscore_autotp", None)
@@ -334,6 +352,23 @@ def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParal
         return plan
     _check_heads(model, tp)
     plan = plan_autotp(model, config)
+    partitioned = [n for n, p in model.named_parameters() if unit_of(p) is not None]
+    if partitioned:
+        raise ConfigError(
+            f"tensor_parallel.autotp_size {tp}: the model was built under dscore.zero.Init ({len(partitioned)} "
+            f"partitioned parameter(s), first {partitioned[0]!r}), and AutoTP slices full weights; build the model "
+            "outside zero.Init (ZeRO stage 3 still partitions each shard over the data-parallel group at "
+            "dscore.initialize) or set tensor_parallel.autotp_size to 1",
+            path="tensor_parallel.autotp_size",
+        )
+    world = mesh.world_comm
+    if world is None:
+        raise DscoreError(
+            "apply_autotp needs a mesh built by ParallelMesh.create (its world_comm broadcasts the unsplit model "
+            "from world rank 0 before the split); this mesh has none"
+        )
+    # one model before slicing: the shards and the replicated parameters all come from world rank 0's weights
+    broadcast_replicas(model, world, device=_collective_device(model))
     comm = mesh.tp_comm
     # old parameter id -> (weak reference to the old parameter, its successor); the weak reference guards
     # against an id reused by a new object once the old parameter is freed
@@ -376,6 +411,23 @@ def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParal
     model._dscore_autotp = {"tp": tp, "plan": plan, "replaced": replaced}  # type: ignore[assignment]
     log.info("AutoTP: %d module(s) split over tp %d: %s", len(plan), tp, ", ".join(sorted(plan)))
     return plan
+
+
+def _collective_device(model: torch.nn.Module) -> torch.device:
+    """Where the pre-split broadcast runs: the runtime's accelerator inside ``initialize``; outside one
+    (:func:`tp_model_init`) the current CUDA device under NCCL, else the model's device."""
+    import torch.distributed as dist
+
+    from dscore.runtime.context import current_runtime
+
+    try:
+        return torch.device(current_runtime().accelerator.current_device_name())
+    except DscoreError:
+        pass
+    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    probe = next(iter(model.parameters()), None)
+    return probe.device if probe is not None else torch.device("cpu")
 
 
 def remap_parameters(model: torch.nn.Module, model_parameters: Any) -> Any:
