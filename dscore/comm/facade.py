@@ -140,10 +140,17 @@ class Comm:
             collectives and the emulations it switched to).
         registry: the registry given, or the runtime's current at construction (None: resolved at the
             first collective that may leave the backend).
+        accelerator: the accelerator whose current device :meth:`all_gather_object` and
+            :meth:`broadcast_object` use on a device backend (set by ``init_distributed``, kept by
+            :meth:`bound_to`; None: torch's current accelerator).
 
     Raises:
         DistributedError: ``emulate`` names an operation that cannot be emulated.
     """
+
+    #: the accelerator whose current device object collectives use on a group that takes no host tensors
+    #: (:func:`dscore.comm.objects.object_device`); ``init_distributed`` sets it, None: torch's current one
+    accelerator: Any = None
 
     #: the process's owner of the default group dscore created (:data:`dscore.comm.init.PROCESS_GROUP_OWNER`,
     #: which installs itself here): :meth:`destroy` asks it
@@ -260,6 +267,7 @@ class Comm:
         """
         other = Comm(group, backend=self.backend, env=self.env, registry=self.registry)
         other.native = self.native.copy()
+        other.accelerator = self.accelerator
         return other
 
     @property
@@ -516,7 +524,7 @@ class Comm:
         grp = self._group(group)
         if self.get_world_size(grp) == 1:
             return [obj]
-        return objects.all_gather_object(obj, grp)
+        return objects.all_gather_object(obj, grp, accelerator=self.accelerator)
 
     def broadcast_object(self, obj: Any, src: int = 0, group: Any = None) -> Any:
         """Global rank ``src``'s picklable ``obj`` on every rank (:func:`dscore.comm.objects.broadcast_object`:
@@ -524,7 +532,7 @@ class Comm:
         grp = self._group(group)
         if self.get_world_size(grp) == 1:
             return obj
-        return objects.broadcast_object(obj, int(src), grp)
+        return objects.broadcast_object(obj, int(src), grp, accelerator=self.accelerator)
 
     def barrier(self, group: Any = None) -> None:
         """Block until every rank of the group reaches the barrier (no-op on one rank)."""

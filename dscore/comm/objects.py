@@ -80,33 +80,37 @@ def _backend_names(group: Any) -> tuple[set[str], set[str]]:
     return names, devices
 
 
-def object_device(group: Any = None) -> torch.device:
+def object_device(group: Any = None, accelerator: Any = None) -> torch.device:
     """The device object collectives on ``group`` (None: the default group) exchange their tensors on.
 
     The host when the group's backend moves CPU tensors (gloo or MPI, or a device map with a ``cpu``
-    entry such as ``"cpu:gloo,cuda:nccl"``); otherwise the current device of torch's current accelerator
-    (``cuda:<current>`` for an NCCL group; the process selected it in ``init_distributed``); the host if
-    torch reports no accelerator.
+    entry such as ``"cpu:gloo,cuda:nccl"``). Otherwise the current device of ``accelerator`` (a
+    :class:`dscore.accelerator.Accelerator`; the facade passes the one ``init_distributed`` selected), else
+    of torch's current accelerator (``torch.accelerator``, torch >= 2.6): ``cuda:<current>`` for an NCCL group, as
+    torch's own object collectives choose (``init_distributed`` selected that device). The host when none
+    of these names a device.
     """
     names, devices = _backend_names(group)
     if "cpu" in devices or names & _HOST_BACKENDS:
         return torch.device("cpu")
-    accel = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator is not None and getattr(accelerator, "device_type", "cpu") != "cpu":
+        return torch.device(accelerator.current_device_name())
+    accel = getattr(torch, "accelerator", None)
     if accel is not None and accel.is_available():
         current = accel.current_accelerator()
         if current is not None:
             return torch.device(current.type, accel.current_device_index())
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def all_gather_object(obj: Any, group: Any = None, *, device: torch.device | str | None = None) -> list[Any]:
+def all_gather_object(
+    obj: Any, group: Any = None, *, device: torch.device | str | None = None, accelerator: Any = None
+) -> list[Any]:
     """Every rank's picklable ``obj`` in the rank order of ``group`` (None: the default group).
 
     Collective: every rank of ``group`` calls it. Two collectives: an all-gather of each rank's pickle
     length (``int64``), then one of the payloads padded to the longest (``uint8``), on ``device``
-    (default :func:`object_device`). Without a process group, or on a one-rank group, returns ``[obj]``.
+    (default :func:`object_device` of ``group`` and ``accelerator``). Without a process group, or on a one-rank group, returns ``[obj]``.
 
     Raises:
         pickle.PicklingError, TypeError, AttributeError: ``obj`` cannot be pickled.
@@ -116,7 +120,7 @@ def all_gather_object(obj: Any, group: Any = None, *, device: torch.device | str
     world = dist.get_world_size(group)
     if world == 1:
         return [obj]
-    dev = torch.device(device) if device is not None else object_device(group)
+    dev = torch.device(device) if device is not None else object_device(group, accelerator)
     payload = object_to_tensor(obj, dev)
     size = torch.tensor([payload.numel()], dtype=torch.int64, device=dev)
     sizes = [torch.empty(1, dtype=torch.int64, device=dev) for _ in range(world)]
@@ -130,12 +134,14 @@ def all_gather_object(obj: Any, group: Any = None, *, device: torch.device | str
     return [object_from_tensor(t, n) for t, n in zip(received, lengths)]
 
 
-def broadcast_object(obj: Any, src: int = 0, group: Any = None, *, device: torch.device | str | None = None) -> Any:
+def broadcast_object(
+    obj: Any, src: int = 0, group: Any = None, *, device: torch.device | str | None = None, accelerator: Any = None
+) -> Any:
     """Global rank ``src``'s picklable ``obj`` on every rank of ``group`` (None: the default group).
 
     Collective: every rank calls it; only ``src``'s ``obj`` is pickled (the others' are ignored). Two
     broadcasts: the pickle length (``int64``), then the payload (``uint8``), on ``device`` (default
-    :func:`object_device`). Without a process group, or on a one-rank group, returns ``obj``.
+    :func:`object_device` of ``group`` and ``accelerator``). Without a process group, or on a one-rank group, returns ``obj``.
 
     Raises:
         pickle.PicklingError, TypeError, AttributeError: ``src``'s ``obj`` cannot be pickled.
@@ -144,7 +150,7 @@ def broadcast_object(obj: Any, src: int = 0, group: Any = None, *, device: torch
         return obj
     if dist.get_world_size(group) == 1:
         return obj
-    dev = torch.device(device) if device is not None else object_device(group)
+    dev = torch.device(device) if device is not None else object_device(group, accelerator)
     mine = dist.get_rank() == int(src)
     payload = object_to_tensor(obj, dev) if mine else None
     size = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64, device=dev)
