@@ -106,12 +106,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         world_size, where = _world_size(args)
         from dscore.config.loader import read_source
-        from dscore.parallel.mesh import MeshShape, raw_mesh_degrees
+        from dscore.parallel.mesh import batch_world_size
 
-        tp, sp = raw_mesh_degrees(read_source(args.file)[0])
-        if tp * sp > 1:  # as dscore.initialize: the batch triangle counts data-parallel ranks
-            world_size = MeshShape.of(world_size, tp=tp, sp=sp, source=where).dp
-            where = f"{where} / (tp {tp} x sp {sp})"
+        # as dscore.initialize (without an mpu): DeepSpeed's world size for the triangle
+        world_size, where = batch_world_size(world_size, read_source(args.file)[0], source=where)
         cfg = load_config(
             args.file, world_size=world_size, strict=False if args.lenient else None, world_size_source=where
         )

@@ -65,19 +65,42 @@ def _as_int(key: str, value: Any, source: str) -> int | None:
     return value
 
 
+def _multiples_near(value: int, step: int) -> list[int]:
+    """The multiples of ``step`` just below (when > 0) and just above ``value``."""
+    below = (value // step) * step
+    return [m for m in (below, below + step) if m > 0 and m != value]
+
+
+def _divisor_near(n: int, target: int) -> int:
+    """The divisor of ``n`` (> 0) nearest ``target``; the smaller one on a tie."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return min({*small, *(n // d for d in small)}, key=lambda d: (abs(d - target), d))
+
+
+def _either(options: list[str]) -> str:
+    """``"set a, or b"``: the settings that would satisfy the triangle, nearest first."""
+    return "Set " + ", or ".join(options) + "."
+
+
+def _set_tb(values: list[int]) -> str:
+    return f"{TB} to " + " or ".join(str(v) for v in values)
+
+
 def resolve_batch(raw: dict[str, Any], *, world_size: int, world_size_source: str, source: str) -> BatchSizes:
-    """Resolve the three batch keys of the top-level dict ``raw`` for ``world_size`` data-parallel ranks.
+    """Resolve the three batch keys of the top-level dict ``raw`` for ``world_size`` ranks.
 
     Args:
         raw: the top-level config dict (read only).
-        world_size: data-parallel world size (> 0).
+        world_size: the triangle's world size (> 0): the data-parallel size, with tensor-parallel ranks
+            counted as DeepSpeed does (:func:`dscore.parallel.mesh.batch_world_size`).
         world_size_source: where the world size came from, for messages (``"--world-size"``).
         source: the config's name (file path or ``"<dict>"``), for messages.
 
     Raises:
         ConfigError: a value is not a positive integer, too few keys are given, ``"auto"`` cannot be
             derived, or the values are inconsistent. The message names every value, the world size and
-            where it came from; ``path`` is the key at fault.
+            where it came from, and the nearest settings that would satisfy the triangle (``"Set
+            gradient_accumulation_steps to 2, or train_batch_size to 8."``); ``path`` is the key at fault.
     """
     where = f"world size {world_size} ({world_size_source})"
     autos = [k for k in BATCH_KEYS if is_auto(raw.get(k))]
@@ -105,9 +128,13 @@ def resolve_batch(raw: dict[str, Any], *, world_size: int, world_size_source: st
         pass
     elif tb is not None and mb is not None:
         if tb % (mb * w):
+            fixes = [_set_tb(_multiples_near(tb, mb * w))]
+            if tb % w == 0:
+                fixes.append(f"{MB} to {_divisor_near(tb // w, mb)}")
             raise ConfigError(
                 f"{source}: {TB} = {tb} is not divisible by {MB} x world size = {mb} x {w} = {mb * w}, so "
-                f"{GAS} cannot be derived ({show()}). {TB} must equal {MB} x {GAS} x world size.",
+                f"{GAS} cannot be derived ({show()}). {TB} must equal {MB} x {GAS} x world size. "
+                f"{_either(fixes)}",
                 path=TB,
                 source=source,
             )
@@ -115,9 +142,13 @@ def resolve_batch(raw: dict[str, Any], *, world_size: int, world_size_source: st
         derived.append(GAS)
     elif tb is not None and gas is not None:
         if tb % (gas * w):
+            fixes = [_set_tb(_multiples_near(tb, gas * w))]
+            if tb % w == 0:
+                fixes.append(f"{GAS} to {_divisor_near(tb // w, gas)}")
             raise ConfigError(
                 f"{source}: {TB} = {tb} is not divisible by {GAS} x world size = {gas} x {w} = {gas * w}, so "
-                f"{MB} cannot be derived ({show()}). {TB} must equal {MB} x {GAS} x world size.",
+                f"{MB} cannot be derived ({show()}). {TB} must equal {MB} x {GAS} x world size. "
+                f"{_either(fixes)}",
                 path=TB,
                 source=source,
             )
@@ -130,7 +161,8 @@ def resolve_batch(raw: dict[str, Any], *, world_size: int, world_size_source: st
         if tb % w:
             raise ConfigError(
                 f"{source}: {TB} = {tb} is not divisible by the {where}; with {GAS} = 1 each rank would need "
-                f"{tb}/{w} samples per micro batch. Use a multiple of {w} or give {MB} and {GAS}.",
+                f"{tb}/{w} samples per micro batch. {_either([_set_tb(_multiples_near(tb, w))])[:-1]} "
+                f"(a multiple of {w}), or give {MB} and {GAS}.",
                 path=TB,
                 source=source,
             )
@@ -149,9 +181,15 @@ def resolve_batch(raw: dict[str, Any], *, world_size: int, world_size_source: st
         )
     assert tb is not None and mb is not None and gas is not None
     if tb != mb * gas * w:
+        fixes = []
+        if tb % (mb * w) == 0:
+            fixes.append(f"{GAS} to {tb // (mb * w)}")
+        if tb % (gas * w) == 0:
+            fixes.append(f"{MB} to {tb // (gas * w)}")
+        fixes.append(f"{TB} to {mb * gas * w}")
         raise ConfigError(
             f"{source}: {TB} must equal {MB} x {GAS} x world size, but {tb} != {mb} x {gas} x {w} = "
-            f"{mb * gas * w} ({show()}).",
+            f"{mb * gas * w} ({show()}). {_either(fixes)}",
             path=TB,
             source=source,
         )

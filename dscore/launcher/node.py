@@ -147,6 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--module", action="store_true")
     p.add_argument("--no_python", action="store_true")
     p.add_argument("--no_local_rank", action="store_true")
+    p.add_argument("--local_rank_spelling", default="local_rank")
     p.add_argument("--enable_each_rank_log", default=None)
     p.add_argument("--bind_cores_to_rank", action="store_true")
     p.add_argument("--bind_core_list", default=None)
@@ -225,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             module=args.module,
             no_python=args.no_python,
             no_local_rank=args.no_local_rank,
+            local_rank_spelling=args.local_rank_spelling,
             visible_devices_vars=args.visible_devices_env,
             each_rank_log=args.enable_each_rank_log,
             bind_cores_to_rank=args.bind_cores_to_rank,

@@ -5,7 +5,8 @@ explicitly passed missing hostfile can be an error); ``--nproc_per_node`` is an 
 (torchrun's name); ``--launcher`` also accepts ``ssh`` and any back end a plugin registers (its default,
 ``None``, means the registered default back end, pdsh); ``--dry_run [--json]`` prints the plan; argparse
 abbreviations are off (``dscore`` builds its parsers with ``allow_abbrev=False``), so a misspelled
-launcher option is an error instead of silently matching another one.
+launcher option is an error instead of silently matching another one. ``--local_rank_spelling local-rank``
+(dscore only) passes torchrun's ``--local-rank=N`` instead of ``--local_rank=N``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 
 from dscore.launcher.hostfile import DEFAULT_HOSTFILE
+from dscore.launcher.ranks import LOCAL_RANK_SPELLINGS
 from dscore.launcher.runners import launcher_names
 
 __all__ = ["add_arguments"]
@@ -78,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--module", action="store_true", help="run user_script as a module (python -m)")
     g.add_argument("--no_python", action="store_true", help="run user_script directly, not through python")
     g.add_argument("--no_local_rank", action="store_true", help="do not pass --local_rank=N to the script")
+    g.add_argument(
+        "--local_rank_spelling",
+        choices=LOCAL_RANK_SPELLINGS,
+        default="local_rank",
+        help="how the script's local-rank argument is spelled: local_rank (--local_rank=N, DeepSpeed's) or "
+        "local-rank (--local-rank=N, torchrun's since torch 2.0); dscore only, DeepSpeed has no such option",
+    )
     g.add_argument(
         "--save_pid", action="store_true", help="write the launcher pid to <tmp>/<pid>.deepspeed while running"
     )

@@ -237,6 +237,12 @@ def build_plan(
         raise LauncherError(f"--node_rank {args.node_rank} is only used with --no_ssh; add --no_ssh or drop it")
 
     master_port = _master_port(args, local=not multi and not args.no_ssh)
+    local_rank_spelling = getattr(args, "local_rank_spelling", "local_rank")
+    if args.no_local_rank and local_rank_spelling != "local_rank":
+        raise LauncherError(
+            f"--no_local_rank with --local_rank_spelling {local_rank_spelling}: the first passes no local-rank "
+            "argument at all; drop one of them"
+        )
     common = dict(
         master_port=master_port,
         script=args.user_script,
@@ -244,6 +250,7 @@ def build_plan(
         module=args.module,
         no_python=args.no_python,
         no_local_rank=args.no_local_rank,
+        local_rank_spelling=local_rank_spelling,
         each_rank_log=args.enable_each_rank_log,
         bind_cores_to_rank=args.bind_cores_to_rank,
         bind_core_list=args.bind_core_list,
@@ -273,6 +280,11 @@ def build_plan(
         )
 
     runner: Runner = load_runner(spec if spec is not None else default_launcher(registry), registry)
+    if local_rank_spelling != "local_rank" and not runner.passes_local_rank:
+        raise LauncherError(
+            f"--local_rank_spelling {local_rank_spelling} with --launcher {runner.name}: its ranks get no "
+            "local-rank argument (they read LOCAL_RANK from the environment); drop --local_rank_spelling"
+        )
     master = args.master_addr or next(iter(world))
     if not args.master_addr:
         log.info(
@@ -293,6 +305,7 @@ def build_plan(
         module=args.module,
         no_python=args.no_python,
         no_local_rank=args.no_local_rank,
+        local_rank_spelling=local_rank_spelling,
         ssh_port=args.ssh_port,
         venv_script=args.venv_script,
         visible_devices_vars=accel.visible_devices_vars,

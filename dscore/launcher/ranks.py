@@ -16,7 +16,19 @@ from dataclasses import dataclass, field
 
 from dscore.errors import LauncherError
 
-__all__ = ["ProcessSpec", "build_rank_processes", "rank_layout", "parse_range_list", "check_core_binding_tool"]
+__all__ = [
+    "LOCAL_RANK_SPELLINGS",
+    "ProcessSpec",
+    "build_rank_processes",
+    "rank_layout",
+    "parse_range_list",
+    "check_core_binding_tool",
+]
+
+#: How the local rank reaches the script: ``--local_rank=N`` (DeepSpeed's launcher) or ``--local-rank=N``
+#: (torchrun's spelling since torch 2.0; argparse maps both to ``args.local_rank`` only if the script
+#: declares that spelling).
+LOCAL_RANK_SPELLINGS = ("local_rank", "local-rank")
 
 
 @dataclass
@@ -123,6 +135,7 @@ def build_rank_processes(
     module: bool = False,
     no_python: bool = False,
     no_local_rank: bool = False,
+    local_rank_spelling: str = "local_rank",
     visible_devices_vars: Sequence[str] = (),
     each_rank_log: str | None = None,
     bind_cores_to_rank: bool = False,
@@ -138,13 +151,19 @@ def build_rank_processes(
     not set it and more than one rank shares the node, ``max(1, cpu_count // ranks_on_node)`` so the ranks'
     intra-op thread pools do not oversubscribe the cores (torchrun sets 1 in that case; an even share
     keeps single-rank-per-core CPU jobs from being slowed several-fold). The command is
-    ``[numactl -C cores] python -u [-m] script [--local_rank=N] args`` (``--no_python``: ``script args``).
+    ``[numactl -C cores] python -u [-m] script [--local_rank=N] args`` (``--no_python``: ``script args``);
+    ``local_rank_spelling="local-rank"`` spells the argument ``--local-rank=N`` (torchrun's).
 
     Raises:
         LauncherError: ``--module`` with ``--no_python``, an empty master address, a node rank out of range,
-            a bad per-rank log directory, or an impossible core binding.
+            a bad per-rank log directory, an impossible core binding, or a ``local_rank_spelling`` other than
+            those of :data:`LOCAL_RANK_SPELLINGS`.
     """
     environ = os.environ if environ is None else environ
+    if local_rank_spelling not in LOCAL_RANK_SPELLINGS:
+        raise LauncherError(
+            f"--local_rank_spelling {local_rank_spelling!r}: expected one of {', '.join(LOCAL_RANK_SPELLINGS)}"
+        )
     if module and no_python:
         raise LauncherError("--module and --no_python cannot be used together (a module needs python)")
     if not master_addr:
@@ -188,7 +207,7 @@ def build_rank_processes(
             argv += [python, "-u"] + (["-m"] if module else [])
         argv.append(script)
         if not no_local_rank:
-            argv.append(f"--local_rank={local_rank}")
+            argv.append(f"--{local_rank_spelling}={local_rank}")
         argv += list(script_args)
         log_path = os.path.join(each_rank_log, f"{stamp}_rank{rank}.log") if each_rank_log else None
         procs.append(ProcessSpec(argv=argv, env=env, rank=rank, local_rank=local_rank, host=host, log_path=log_path))

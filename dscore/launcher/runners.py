@@ -98,6 +98,7 @@ class RunnerContext:
     module: bool = False
     no_python: bool = False
     no_local_rank: bool = False
+    local_rank_spelling: str = "local_rank"
     ssh_port: int | None = None
     venv_script: str | None = None
     visible_devices_vars: tuple[str, ...] = ()
@@ -202,6 +203,7 @@ class Runner:
                 module=ctx.module,
                 no_python=ctx.no_python,
                 no_local_rank=ctx.no_local_rank or not self.passes_local_rank,
+                local_rank_spelling=ctx.local_rank_spelling,
                 visible_devices_vars=ctx.visible_devices_vars if self.uses_shell else (),
                 bind_cores_to_rank=False,
                 environ={},
@@ -243,6 +245,8 @@ class Runner:
         argv += [f"--node_rank={node_rank}", f"--master_addr={ctx.master_addr}", f"--master_port={ctx.master_port}"]
         argv += [f"--visible_devices_env={var}" for var in ctx.visible_devices_vars]
         argv += ["--module"] * ctx.module + ["--no_python"] * ctx.no_python + ["--no_local_rank"] * ctx.no_local_rank
+        if ctx.local_rank_spelling != "local_rank":
+            argv.append(f"--local_rank_spelling={ctx.local_rank_spelling}")
         if ctx.each_rank_log:
             argv.append(f"--enable_each_rank_log={ctx.each_rank_log}")
         if ctx.bind_cores_to_rank:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from dscore.errors import ConfigError
 
-__all__ = ["MeshShape", "ParallelMesh", "raw_mesh_degrees"]
+__all__ = ["MeshShape", "ParallelMesh", "batch_world_size", "raw_mesh_degrees"]
 
 if TYPE_CHECKING:
     from dscore.moe.groups import ExpertGroups
@@ -49,6 +49,46 @@ def raw_mesh_degrees(data: dict[str, Any]) -> tuple[int, int]:
     tp = tp_raw if isinstance(tp_raw, int) and not isinstance(tp_raw, bool) and tp_raw > 1 else 1
     sp = sp_raw if isinstance(sp_raw, int) and not isinstance(sp_raw, bool) and sp_raw > 1 else 1
     return tp, sp
+
+
+def batch_world_size(world: int, data: dict[str, Any], *, source: str, mpu: Any = None) -> tuple[int, str]:
+    """The world size the batch triangle multiplies by, chosen as DeepSpeed 0.19.8's ``DeepSpeedConfig`` does.
+
+    In order: an ``mpu`` with ``get_data_parallel_world_size()`` gives that; an ``mpu`` with only
+    ``get_sequence_parallel_world_size()`` gives ``world / sp``; else a top-level ``sequence_parallel_size``
+    gives ``world / sequence_parallel_size``; else ``world``. ``tensor_parallel.autotp_size`` does not
+    divide it: as in DeepSpeed, ``train_batch_size`` counts every rank of a tensor-parallel group (which
+    all see the same micro batch), so the Hugging Face Trainer's ``world x micro x accumulation`` holds.
+
+    Args:
+        world: the number of ranks (> 0).
+        data: the raw top-level ds_config dict (read only).
+        source: where ``world`` came from, for messages.
+        mpu: the ``mpu`` given to ``initialize`` (None when none).
+
+    Returns:
+        ``(world size, where it came from)``, the second for the triangle's error messages.
+
+    Raises:
+        ConfigError: ``tensor_parallel.autotp_size x sequence_parallel_size`` (or the mpu's degree) does
+            not divide ``world``, or the mpu's data-parallel size is not a positive integer.
+    """
+    if mpu is not None and hasattr(mpu, "get_data_parallel_world_size"):
+        dp = mpu.get_data_parallel_world_size()
+        if isinstance(dp, bool) or not isinstance(dp, int) or dp <= 0:
+            raise ConfigError(f"mpu.get_data_parallel_world_size() returned {dp!r}; expected a positive integer")
+        return dp, f"mpu.get_data_parallel_world_size() = {dp} of {world} ranks ({source})"
+    if mpu is not None and hasattr(mpu, "get_sequence_parallel_world_size"):
+        sp = int(mpu.get_sequence_parallel_world_size())
+        shape = MeshShape.of(world, sp=sp, source=source)
+        return shape.dp, f"{source} / mpu's sequence-parallel size {sp}"
+    tp, sp = raw_mesh_degrees(data)
+    MeshShape.of(world, tp=tp, sp=sp, source=source)  # the mesh must fit; refused here, before the network
+    if sp > 1:
+        return world // sp, f"{source} / sequence_parallel_size {sp}"
+    if tp > 1:
+        return world, f"{source}; tensor-parallel ranks count, as in DeepSpeed"
+    return world, source
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,19 @@ class ZeroStage(abc.ABC):
     #: layout assume (a third-party stage-2 variant says 2).
     stage: ClassVar[int]
 
+    #: True when the stage honours :attr:`grad_norm_sq` (the built-in stages 0-3 do). A model transform
+    #: whose parameters are split beyond ``ctx.comm`` (AutoTP) refuses a stage that does not.
+    supports_grad_norm_sq: ClassVar[bool] = False
+
+    #: Set by a model transform whose layout spans more ranks than ``ctx.comm`` (AutoTP's tensor-parallel
+    #: shards): ``fn(device) -> 0-dim float32 tensor on device``, the squared L2 norm of the stage's
+    #: gradients (the optimizer's ``param_groups``' ``.grad``, still loss-scaled and not yet divided, as
+    #: the stage would sum them) over every rank of the model, ``inf`` when any rank holds an inf/NaN;
+    #: identical on every rank (one collective, which all ranks enter). A stage that supports it
+    #: (:attr:`supports_grad_norm_sq`) calls it at every boundary in place of its own norm all-reduce, so
+    #: its overflow verdict, clipping and reported norm are the whole model's. None: the stage's own.
+    grad_norm_sq: Callable[[torch.device], torch.Tensor] | None = None
+
     def __init__(self, ctx: ZeroStageContext[Any]) -> None:
         self.ctx = ctx
 

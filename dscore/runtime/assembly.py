@@ -10,7 +10,8 @@ device mesh (:func:`build_mesh`) and asks the selected engine plugin to build it
 The mesh (:class:`dscore.parallel.mesh.ParallelMesh`) holds the data, sequence and tensor groups. :func:`assemble`
 runs every enabled model transform (:mod:`dscore.runtime.transforms`, in their ``order``; this module names
 none) before the precision cast, lets them adjust the ZeRO stage's inputs and wrap the stage, hands the stage
-the gradient group (sequence x data ranks), shards the data loader over the data-parallel ranks only, and
+the gradient group (sequence x data ranks) after making every rank's parameters and buffers rank 0's of that
+group (:func:`build_zero_stage`, :mod:`dscore.runtime.replicas`), shards the data loader over the data-parallel ranks only, and
 gives the engine ``dp_world_size = world / (tp x sp)``.
 """
 
@@ -32,6 +33,7 @@ from dscore.runtime.dataloader import DscoreDataLoader
 from dscore.runtime.engine import DscoreEngine
 from dscore.runtime.optimizer_builder import build_lr_scheduler, choose_optimizer
 from dscore.runtime.placement import to_module
+from dscore.runtime.replicas import broadcast_replicas
 from dscore.runtime.transforms import ActiveTransforms
 from dscore.specs import MonitorSpec, PrecisionSpec
 
@@ -236,6 +238,10 @@ def build_zero_stage(
 ) -> ZeroStage:
     """The ZeRO stage plugin object for ``cfg.zero_stage`` over ``module``, reducing over ``comm``.
 
+    Before the stage is built, every rank's parameters and buffers become rank 0's of ``comm``'s group
+    (expert parameters: of their expert-data-parallel group; ``zero.Init`` partitions are already rank 0's):
+    :func:`dscore.runtime.replicas.broadcast_replicas`, collective over ``comm``.
+
     Raises:
         ConfigError: ZeRO stage 1 or 2 without an optimizer, or a client optimizer it cannot use.
     """
@@ -275,6 +281,10 @@ def build_zero_stage(
         precision=precision,
         loss_scaler=loss_scaler,
     )
+    # the stage takes the replicas as equal: make them rank 0's (DeepSpeed's _broadcast_model, see replicas.py)
+    mesh = getattr(runtime, "mesh", None)
+    in_mesh = mesh is not None and comm in (mesh.grad_comm, mesh.dp_comm)
+    broadcast_replicas(module, comm, device=runtime.accelerator.device(), mesh=mesh if in_mesh else None)
     zero_stage: ZeroStage = stage_cls(ctx)
     return zero_stage
 

@@ -61,6 +61,7 @@ from dscore.runtime.engine_accessors import DeepSpeedAccessors
 from dscore.runtime.engine_errors import EngineAPIMissing, EngineError
 from dscore.runtime.engine_state import CheckpointState
 from dscore.runtime.logging_utils import log_rank0
+from dscore.runtime.offload_states import refuse_while_offloaded
 from dscore.runtime.timers import PhaseTimers
 
 if TYPE_CHECKING:
@@ -230,8 +231,7 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
     @runtime_scoped
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Call the module. With ``fp16.auto_cast`` floating-point tensor inputs are cast to fp16 first."""
-        if self._states_offloaded:
-            raise EngineError("the training states are offloaded (engine.offload_states()); call reload_states() first")
+        refuse_while_offloaded(self, "engine.forward()")
         if self._auto_cast_dtype is not None:
             args, kwargs = _cast_inputs(args, kwargs, self._auto_cast_dtype)
         if self._timers is None:
@@ -295,8 +295,10 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         Raises:
             EngineError: there is no optimizer, ``loss`` is not a scalar, or (managed accumulation, no
                 boundary set by the caller, outside ``no_sync``) ``backward`` already ran since the last
-                ``step()``: the micro-batches would be summed into one (issue 33; DeepSpeed sums silently).
+                ``step()``: the micro-batches would be summed into one (issue 33; DeepSpeed sums silently);
+                or the states are offloaded (``offload_states()``).
         """
+        refuse_while_offloaded(self, "engine.backward()")
         if self.zero_stage_impl.optimizer is None:
             raise EngineError(
                 "engine.backward() needs an optimizer: pass optimizer= or set optimizer.type in ds_config"
@@ -360,8 +362,7 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         """
         if self._in_no_sync:
             raise EngineError("engine.step() is not allowed inside no_sync(); leave the context first")
-        if self._states_offloaded:
-            raise EngineError("the training states are offloaded (engine.offload_states()); call reload_states() first")
+        refuse_while_offloaded(self, "engine.step()")
         if self.zero_stage_impl.optimizer is None:
             raise EngineError("engine.step() needs an optimizer: pass optimizer= or set optimizer.type in ds_config")
         self._step_applied = False
@@ -452,7 +453,12 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
 
     def zero_grad(self) -> None:  # type: ignore[override]  # DeepSpeed's engine.zero_grad() takes no argument
         """Drop accumulated gradients without stepping; every module parameter's ``.grad`` is None after it
-        (DeepSpeed's ``engine.zero_grad()``)."""
+        (DeepSpeed's ``engine.zero_grad()``).
+
+        Raises:
+            EngineError: the states are offloaded (``offload_states()``; the gradients' storage is freed).
+        """
+        refuse_while_offloaded(self, "engine.zero_grad()")
         self.zero_stage_impl.zero_grad()
         self._backwards_in_micro_step = 0  # the dropped micro-batch no longer counts (item 1's check)
 
@@ -539,12 +545,41 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         return [g.get("momentum", g.get("betas")) for g in opt.param_groups]
 
     def get_global_grad_norm(self) -> float | None:
-        """The unscaled global gradient L2 norm of the last applied step (before clipping), or None."""
+        """The unscaled global gradient L2 norm of the last applied step, **before** clipping, or None.
+
+        Global: over every rank's gradients of one model replica (data-parallel partitions summed,
+        tensor-parallel shards summed and replicated parameters counted once, experts per their groups,
+        pipeline stages summed) and equal on every rank, whatever ``gradient_clipping`` is. None after a
+        skipped (overflow) step, or when nothing needed the norm (fp32 at ZeRO 0 without clipping).
+        DeepSpeed's ``get_global_grad_norm``; :meth:`get_global_grad_norm_post_clip` is the norm as applied.
+        """
         norm = self._global_grad_norm
         if isinstance(norm, torch.Tensor):
             norm = float(norm)
             self._global_grad_norm = norm
         return norm
+
+    def get_global_grad_norm_post_clip(self) -> float | None:
+        """The global L2 norm of the gradients the last applied step used, after clipping, or None.
+
+        ``norm * min(1, gradient_clipping / (norm + 1e-6))`` with ``norm`` =
+        :meth:`get_global_grad_norm` (the coefficient of :func:`torch.nn.utils.clip_grad_norm_`, which every
+        stage applies), computed in float32 as the stages compute the coefficient; scaling gradients by a
+        coefficient scales their norm by it, so this is the norm of what the optimizer got. Equal to
+        :meth:`get_global_grad_norm` when ``gradient_clipping`` is 0 or the norm is below it (or not finite).
+        None when :meth:`get_global_grad_norm` is. dscore's own (DeepSpeed 0.19.8 has no such accessor).
+        """
+        norm = self.get_global_grad_norm()
+        clip = self._clip_for_post_norm()
+        if norm is None or clip <= 0.0 or not (norm == norm and abs(norm) != float("inf")):
+            return norm
+        value = torch.tensor(norm, dtype=torch.float32, device="cpu")
+        coef = torch.clamp(clip / (value + 1e-6), max=1.0)
+        return float(value * coef)
+
+    def _clip_for_post_norm(self) -> float:
+        # the bound the stage clipped with (the pipeline engine clips itself with its own)
+        return float(self.config.gradient_clipping or 0.0)
 
     def get_loss_scale(self) -> float:
         """The current loss scale (1.0 without fp16)."""

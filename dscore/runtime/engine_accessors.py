@@ -261,7 +261,14 @@ class DeepSpeedAccessors:
         return self._train_batch_size, self._micro_batch_size, self._gas
 
     def module_state_dict(self) -> dict[str, torch.Tensor]:
-        """The module's full state dict (under ZeRO-3 gathered: collective, call on every rank)."""
+        """The module's full state dict (under ZeRO-3 gathered: collective, call on every rank).
+
+        Raises:
+            EngineError: the states are offloaded (``offload_states()``): call ``reload_states()`` first.
+        """
+        from dscore.runtime.offload_states import refuse_while_offloaded
+
+        refuse_while_offloaded(self, "engine.module_state_dict()")
         return self.zero_stage_impl.module_state_dict()
 
     def consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor] | None:
@@ -274,13 +281,17 @@ class DeepSpeedAccessors:
 
         Raises:
             EngineError: the ZeRO stage is not 3 (DeepSpeed raises ValueError "this function requires ZeRO-3
-                mode"; EngineError is a RuntimeError, and Accelerate only calls it at stage 3).
+                mode"; EngineError is a RuntimeError, and Accelerate only calls it at stage 3); the states
+                are offloaded (``offload_states()``): call ``reload_states()`` first.
         """
         if self.zero_optimization_stage() != 3:
             raise EngineError(
                 "consolidated_16bit_state_dict() / _zero3_consolidated_16bit_state_dict() needs ZeRO stage 3; "
                 f"this engine runs stage {self.zero_optimization_stage()} (use module_state_dict())"
             )
+        from dscore.runtime.offload_states import refuse_while_offloaded
+
+        refuse_while_offloaded(self, "engine.consolidated_16bit_state_dict()")
         state = self.zero_stage_impl.module_state_dict()
         if self.global_rank != 0:
             return None

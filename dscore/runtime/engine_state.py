@@ -150,7 +150,9 @@ class CheckpointState:
         files follow :attr:`checkpoint_layout`.
         """
         from dscore import persistence
+        from dscore.runtime.offload_states import refuse_while_offloaded
 
+        refuse_while_offloaded(self, "engine.save_checkpoint()")  # before any file or collective
         self._warn_pending_gradients("save_checkpoint()")
         return persistence.save_checkpoint(
             self,
@@ -172,8 +174,15 @@ class CheckpointState:
         load_lr_scheduler_states: bool = True,
         load_module_only: bool = False,
     ) -> tuple[str | None, dict[str, Any] | None]:
-        """Load a checkpoint (see :func:`dscore.persistence.load_checkpoint`); returns ``(path, client_state)``."""
+        """Load a checkpoint (see :func:`dscore.persistence.load_checkpoint`); returns ``(path, client_state)``.
+
+        Raises:
+            EngineError: the states are offloaded (``offload_states()``): call ``reload_states()`` first.
+        """
         from dscore import persistence
+        from dscore.runtime.offload_states import refuse_while_offloaded
+
+        refuse_while_offloaded(self, "engine.load_checkpoint()")
 
         return persistence.load_checkpoint(
             self,
@@ -186,8 +195,15 @@ class CheckpointState:
         )
 
     def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin") -> bool:
-        """Write the module's 16-bit (or fp32) weights (see :func:`dscore.persistence.save_16bit_model`)."""
+        """Write the module's 16-bit (or fp32) weights (see :func:`dscore.persistence.save_16bit_model`).
+
+        Raises:
+            EngineError: the states are offloaded (``offload_states()``): call ``reload_states()`` first.
+        """
         from dscore import persistence
+        from dscore.runtime.offload_states import refuse_while_offloaded
+
+        refuse_while_offloaded(self, "engine.save_16bit_model()")
 
         return persistence.save_16bit_model(self, save_dir, save_filename=save_filename)
 

@@ -8,8 +8,8 @@ already initialised process group):
 1. check ``model`` and find the config (``config`` / ``config_params`` / ``args.deepspeed_config`` /
    deprecated ``args.deepscale_config``);
 2. plugin manager with the config's ``plugins.disable``; ``check_healthy()``; registry; ``load_config``
-   (its batch triangle counts data-parallel ranks: world / (``tensor_parallel.autotp_size`` x
-   ``sequence_parallel_size``));
+   (its batch triangle's world size is DeepSpeed's: ``mpu.get_data_parallel_world_size()``, else
+   world / ``sequence_parallel_size``, else world; :func:`dscore.parallel.mesh.batch_world_size`);
 3. :meth:`dscore.runtime.runtime.Runtime.create` (accelerator, ``init_distributed``, plugin fingerprint
    check across ranks); the parallel mesh (:func:`dscore.runtime.assembly.build_mesh`, or ``mpu``);
    before that, every enabled model transform's ``prepare`` (:mod:`dscore.runtime.transforms`: refusals,
@@ -18,8 +18,9 @@ already initialised process group):
    :func:`dscore.runtime.assembly.assemble`): precision mode (the ``PrecisionSpec`` whose ``config_key``
    block is enabled, else the default one); every enabled model transform's ``apply`` in order (AutoTP,
    AutoEP, Ulysses, ...); module to the device and cast;
-5. optimizer (client instance / callable / ``optimizer.type``); ZeRO stage object
-   (``registry.zero_stage(config.zero_stage)``); LR scheduler over ``zero_stage.optimizer``;
+5. optimizer (client instance / callable / ``optimizer.type``); every rank's parameters and buffers made
+   rank 0's of its data-parallel group (:mod:`dscore.runtime.replicas`, as DeepSpeed's ``_broadcast_model``);
+   ZeRO stage object (``registry.zero_stage(config.zero_stage)``); LR scheduler over ``zero_stage.optimizer``;
 6. training data loader; monitors (rank 0, every enabled block); each transform's ``verify`` of the built
    engine; ``dscore_engine_created`` hook.
 
@@ -86,7 +87,9 @@ def initialize(
         lr_scheduler: a scheduler instance or ``callable(optimizer) -> scheduler``.
         distributed_port: rendezvous port when the environment does not give ``MASTER_PORT``.
         mpu: a :class:`dscore.parallel.ParallelMesh` built before ``initialize`` (as
-            ``UlyssesSPAttentionHF.register_with_transformers`` returns); its sizes must equal the config's.
+            ``UlyssesSPAttentionHF.register_with_transformers`` returns); its sizes must equal the config's
+            (a config without ``sequence_parallel_size`` takes the mpu's); its data-parallel size is the
+            batch triangle's world size, as in DeepSpeed.
         dist_init_required: None = create the process group when none exists; False = one must exist.
         collate_fn: merges samples into a batch for the training loader.
         config: ds_config as a dict, a path, or url-safe base64 text.
@@ -138,12 +141,10 @@ def initialize(
         world_size = int(model_grid.get_data_parallel_world_size())
         world_source = f"the data-parallel size {world_size} of the model's pipeline topology"
     else:
-        tp, sp = raw_mesh_degrees(data)
-        if tp * sp > 1:
-            from dscore.parallel.mesh import MeshShape
+        from dscore.parallel.mesh import batch_world_size
 
-            shape = MeshShape.of(world_size, tp=tp, sp=sp, source=world_source)
-            world_size, world_source = shape.dp, f"{world_source} / (tp {tp} x sp {sp})"
+        data = _config_with_mpu_degrees(data, mpu)
+        world_size, world_source = batch_world_size(world_size, data, source=world_source, mpu=mpu)
     cfg = load_config(
         data,
         world_size=world_size,
@@ -219,6 +220,23 @@ def _check_engine_used_mesh(engine: Any, name: str, mesh: Any) -> None:
             f"(world / (tp {mesh.tp_size} x sp {mesh.sp_size})); build it with dp_world_size=runtime.mesh.dp_size",
             path="sequence_parallel_size" if mesh.sp_size > 1 else "tensor_parallel.autotp_size",
         )
+
+
+def _config_with_mpu_degrees(data: dict[str, Any], mpu: Any) -> dict[str, Any]:
+    """The config with the sequence-parallel degree of a given ``mpu`` where the config names none.
+
+    Accelerate's ``ParallelismConfig(sp_backend="deepspeed", sp_size=N)`` passes the mesh of
+    ``UlyssesSPAttentionHF.register_with_transformers`` as ``mpu`` and writes no ``sequence_parallel_size``
+    (DeepSpeed reads the degree from the mpu); dscore's Ulysses transform and mesh read the config, so the
+    degree is copied there (a copy; the caller's dict is untouched). A config that states a degree keeps
+    it: :func:`dscore.runtime.assembly.build_mesh` refuses an mpu that disagrees.
+    """
+    from dscore.parallel.mesh import ParallelMesh
+
+    if not isinstance(mpu, ParallelMesh) or "sequence_parallel_size" in data or mpu.sp_size <= 1:
+        return data
+    log.info("sequence_parallel_size %d taken from the mpu passed to initialize", mpu.sp_size)
+    return {**data, "sequence_parallel_size": mpu.sp_size}
 
 
 def _check_args_local_rank(args: Any) -> None:

@@ -18,8 +18,13 @@ alone (nothing to free). A storage that cannot be resized (memory mapped from a 
 **Rules (DeepSpeed's).** An optimizer is required; ``offload_param`` must be off; ``device`` is
 ``"cpu"`` (``"none"`` logs a warning and does nothing, ``"nvme"`` is refused); with
 ``offload_optimizer`` on, ``hp_params`` and ``optim_states`` already live on the host and are skipped
-(stage 3 also skips ``lp_grads``). While states are offloaded the engine refuses ``forward`` and
-``step`` (DeepSpeed would fail inside them). When two kinds share storage (fp32 without offload: the
+(stage 3 also skips ``lp_grads``). While states are offloaded the engine refuses every call that reads
+or writes them (:func:`refuse_while_offloaded`: ``forward``, ``backward``, ``step``, ``zero_grad``,
+``save_checkpoint``, ``load_checkpoint``, ``module_state_dict``, the consolidated 16-bit state dict,
+``save_16bit_model``; ZeRO-3 gathers, e.g. ``GatheredParameters``, refuse in the unit) with an
+:class:`~dscore.runtime.engine_errors.EngineError` naming the call: their storages are freed, and
+reading them would crash or fail inside torch. ``get_global_grad_norm`` (a number kept by the engine),
+``offload_states``/``reload_states`` again and ``close``/``destroy`` work. When two kinds share storage (fp32 without offload: the
 master weights *are* the parameters' buffer), offloading one moves both and both count as offloaded.
 
 On the CPU accelerator the "device" is host memory: the states are copied to a fresh host buffer and the
@@ -36,7 +41,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["OFFLOAD_STATE_TYPES", "StateOffloader"]
+__all__ = ["OFFLOAD_STATE_TYPES", "StateOffloader", "refuse_while_offloaded"]
 
 log = logging.getLogger("dscore.runtime.offload_states")
 
@@ -154,6 +159,23 @@ class StateOffloader:
             self._in_flight = pending  # the host sources stay alive until the next call
         else:
             self.accelerator.synchronize()
+
+
+def refuse_while_offloaded(engine: Any, call: str) -> None:
+    """Raise if ``engine``'s training states are offloaded: ``call`` (e.g. ``"engine.save_checkpoint()"``)
+    would read or write storages :func:`offload_engine_states` freed.
+
+    Raises:
+        EngineError: names ``call``, the offloaded kinds and ``reload_states()``.
+    """
+    if not getattr(engine, "_states_offloaded", False):
+        return
+    offloader = engine.__dict__.get("_state_offloader")
+    kinds = sorted(offloader.offloaded) if offloader is not None else []
+    _refuse(
+        f"{call}: the training states are offloaded (engine.offload_states() moved {kinds} to host memory and "
+        "freed their device storage); call reload_states() first"
+    )
 
 
 def _refuse(message: str) -> None:

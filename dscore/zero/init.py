@@ -40,7 +40,7 @@ from torch.overrides import TorchFunctionMode
 
 from dscore.comm import Comm
 from dscore.zero.partition import FlatUnit, unit_of
-from dscore.zero.released import name_parameters
+from dscore.zero.released import _NAME_ATTR, name_parameters
 
 __all__ = ["Init", "GatheredParameters"]
 
@@ -365,6 +365,7 @@ class GatheredParameters:
                 units.append(u)
         self.units = units
         self._was_gathered: list[bool] = []
+        self._versions: list[tuple[torch.Tensor, int]] = []
 
     def __enter__(self) -> GatheredParameters:
         if not self.enabled:
@@ -378,6 +379,9 @@ class GatheredParameters:
             u.gather(async_op=True)
         for u in self.units:
             u.wait()
+        if self.modifier_rank is None:
+            # in-place writes bump a tensor's version counter: comparing it at exit costs no copy
+            self._versions = [(p, p._version) for u in self.units for p in u.params]
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
@@ -388,6 +392,7 @@ class GatheredParameters:
                 u.comm.broadcast(u.full, u.comm.global_rank(self.modifier_rank))
                 u.write_back()
         elif exc_type is None:
+            _warn_discarded_writes(self._versions)
             # read-only: units that stay gathered get the partitions' values back, so an in-place edit on
             # some ranks cannot survive on those ranks only (no collective when leaving on an exception,
             # which may be raised on one rank only)
@@ -396,6 +401,34 @@ class GatheredParameters:
                 u.refresh(async_op=True)
             for u in kept:
                 u.wait()
+        self._versions = []
         for u, was in zip(self.units, self._was_gathered):
             if not was:
                 u.release()
+
+
+_DISCARDED_WRITE_WARNED = False
+
+
+def _warn_discarded_writes(versions: list[tuple[torch.Tensor, int]]) -> None:
+    """Warn once per process that ``GatheredParameters(modifier_rank=None)`` discards an in-place write.
+
+    ``versions`` holds ``(parameter, its _version at entry)``. A write through ``p.data`` (a tensor with its
+    own version counter) is not seen; ``with torch.no_grad(): p.copy_(...)`` and ``torch.nn.init`` are.
+    """
+    global _DISCARDED_WRITE_WARNED
+    if _DISCARDED_WRITE_WARNED:
+        return
+    changed = [p for p, version in versions if p._version != version]
+    if not changed:
+        return
+    _DISCARDED_WRITE_WARNED = True
+    names = [str(getattr(p, _NAME_ATTR, None) or f"a {tuple(p.shape)} parameter") for p in changed[:3]]
+    more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+    log.warning(
+        "GatheredParameters(modifier_rank=None) discarded in-place writes to %s%s: with modifier_rank=None the "
+        "parameters are read-only and every rank keeps its partition's values (as in DeepSpeed); pass "
+        "modifier_rank=0 to keep rank 0's values (warned once per process)",
+        ", ".join(names),
+        more,
+    )

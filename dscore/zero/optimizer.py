@@ -4,7 +4,7 @@ global-norm unscale/clip of gradient partitions. Public: third-party ZeRO stages
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -145,6 +145,7 @@ def unscale_clip(
     clip: float,
     check_overflow: bool,
     device: torch.device | str | None = None,
+    norm_sq: Callable[[torch.device], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor | None, bool]:
     """Global-norm unscale and clip of this rank's gradient partitions, in place.
 
@@ -156,6 +157,9 @@ def unscale_clip(
         check_overflow: treat a non-finite norm as overflow (this needs the norm on the host: one sync).
         device: where the squared norm is all-reduced (default :func:`collective_device`): a host norm is
             moved there first, as DeepSpeed does, because NCCL cannot reduce host tensors.
+        norm_sq: replaces the local sum and its all-reduce over ``comm``: ``fn(device)`` returns the squared
+            norm of these gradients over the whole model-parallel layout (:attr:`dscore.protocols.zero.
+            ZeroStage.grad_norm_sq`); the overflow verdict is then that of every rank of the model.
 
     Returns:
         ``(global norm as a 0-dim fp32 tensor on the collective device, overflow)``. The norm is that of
@@ -165,12 +169,15 @@ def unscale_clip(
         device (no host sync); a non-finite norm then propagates into the gradients as in torch.
     """
     dev = collective_device(flats, device)
-    if flats:
+    if norm_sq is not None:
+        sq = norm_sq(dev).to(dev, torch.float32)
+    elif flats:
         norms = torch._foreach_norm(flats, 2.0)
         sq = torch.stack([n.float() for n in norms]).pow(2).sum().to(dev)
     else:
         sq = torch.zeros((), dtype=torch.float32, device=dev)
-    comm.all_reduce(sq)
+    if norm_sq is None:
+        comm.all_reduce(sq)
     norm = sq.sqrt() / divisor
     if check_overflow and not bool(torch.isfinite(norm)):
         return None, True
@@ -195,13 +202,14 @@ def unscale_clip_for_step(
     world: int,
     device: torch.device | str | None = None,
     post_divisor: float | None = None,
+    norm_sq: Callable[[torch.device], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor | None, bool, bool]:
     """The start of a partitioned stage's ``step``: :func:`unscale_clip` then the loss scaler's verdict.
 
     The divisor is the loss scale times the world size (gradients were summed), except under fp16 where
     the reducer already divided by the world size before summing. ``post_divisor`` replaces that
     world-size factor when the stage reduced with other divisors
-    (:func:`dscore.zero.reducer.gradient_divisors`).
+    (:func:`dscore.zero.reducer.gradient_divisors`). ``norm_sq`` is passed to :func:`unscale_clip`.
 
     Returns:
         ``(norm, skip, overflow)``: ``skip`` is True when the step must not be applied (overflow, or the
@@ -212,7 +220,8 @@ def unscale_clip_for_step(
         post_divisor = 1.0 if precision.compute_dtype == torch.float16 else float(world)
     divisor = scale * post_divisor
     norm, overflow = unscale_clip(
-        flats, comm, divisor=divisor, clip=clip, check_overflow=bool(precision.check_overflow), device=device
+        flats, comm, divisor=divisor, clip=clip, check_overflow=bool(precision.check_overflow), device=device,
+        norm_sq=norm_sq,
     )
     skip = loss_scaler.update(overflow) if loss_scaler is not None else overflow
     return norm, bool(skip or overflow), overflow

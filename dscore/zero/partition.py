@@ -234,6 +234,7 @@ class FlatUnit:
             exact: False lets the strategy give an approximation (the training hooks' gathers, e.g. ZeRO++
                 quantized weights); checkpoints and user gathers stay exact.
         """
+        self._refuse_freed()
         if self.gathered:
             if self.approximate and exact:
                 self.wait()
@@ -248,6 +249,23 @@ class FlatUnit:
         self._set_status(ZeroParamStatus.INFLIGHT)
         if not async_op:
             self.wait()
+
+    def _refuse_freed(self) -> None:
+        """Raise before reading a storage ``engine.offload_states()`` freed (the partition, or the full buffer
+        of a unit that stays gathered): torch would fail on the 0-byte storage, or a collective read it.
+
+        Raises:
+            EngineError: names the unit and ``reload_states()``.
+        """
+        freed = self.partition.numel() > 0 and self.partition.untyped_storage().nbytes() == 0
+        if self.partition_source is None and (freed or (self.gathered and self.full.untyped_storage().nbytes() == 0)):
+            from dscore.runtime.engine_errors import EngineError
+
+            raise EngineError(
+                f"gathering ZeRO-3 parameter unit {self.name!r}: its "
+                "storage was freed by engine.offload_states(); call reload_states() first (GatheredParameters, "
+                "state dicts and checkpoints need the states on the device)"
+            )
 
     def _launch(self, async_op: bool, exact: bool = True) -> None:
         self._handle, got_exact = self.gather_strategy.launch(self, exact=exact)

@@ -25,7 +25,7 @@ def fixture_names() -> list[str]:
 
 
 def extra_paths() -> list[str]:
-    """The committed extra DeepSpeed checkpoints (tied weights at ZeRO 2, stage-0 bf16) in ``data/``."""
+    """The committed extra DeepSpeed checkpoints in ``data/`` (see its README)."""
     return sorted(str(p)[: -len(".expected.json")] for p in DATA.glob("*.expected.json"))
 
 
@@ -70,7 +70,36 @@ def make_model(kind: str) -> Any:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.fc2(torch.relu(self.frozen(torch.relu(self.bn(self.fc1(x))))))
 
+    class Rope(torch.nn.Module):  # data/rotary_z3_ws2: rotary position embedding as in a Llama's rotary_emb
+        def __init__(self, dim: int = 4, base: float = 10000.0) -> None:
+            super().__init__()
+            inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim)
+            self.register_buffer("inv_freq", inv_freq, persistent=False)  # never saved: the module's own
+            self.register_buffer("running_amp", torch.ones(1, device="cpu"))  # saved (rank-local statistic)
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            pos = torch.arange(h.shape[1], dtype=torch.float32, device=h.device)
+            ang = pos[:, None] * self.inv_freq[None, :]
+            cos, sin = ang.cos().to(h.dtype), ang.sin().to(h.dtype)
+            a, b = h[..., : h.shape[-1] // 2], h[..., h.shape[-1] // 2 :]
+            with torch.no_grad():
+                self.running_amp.mul_(0.9).add_(0.1 * h.detach().float().abs().mean())
+            return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+    class Rotary(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = torch.nn.Linear(8, 16)
+            self.rope = Rope()
+            self.fc2 = torch.nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.rope(self.fc1(x).view(x.shape[0], 4, 4))
+            return self.fc2(torch.relu(h.reshape(x.shape[0], 16)))
+
     torch.manual_seed(1234)
+    if kind == "rotary":
+        return Rotary()
     if kind == "net":
         net = Net()
         net.frozen.requires_grad_(False)
@@ -158,7 +187,8 @@ def max_errors(
 ) -> dict[str, float]:
     """Largest absolute difference per parameter between a state dict and expected flat lists.
 
-    With ``rank_local_buffers`` BatchNorm running statistics are skipped: DeepSpeed's are rank 0's own,
+    With ``rank_local_buffers`` running statistics (BatchNorm's, the rotary fixture's ``rope.running_amp``)
+    are skipped: DeepSpeed's are rank 0's own,
     which another world size does not reproduce (the micro-batches seen per rank differ)."""
     import torch
 

@@ -35,12 +35,13 @@ PLAN = {
     "z3_bf16_ws1": {1: 1, 2: 2},
 }
 #: The committed extra layouts (``data/``): tied weights at ZeRO 2, stage-0 bf16, ZeRO 3 with groups/frozen/BN,
-#: ZeRO 2 saved by 3 ranks (uneven partitions; its global batch of 12 does not split over 2 ranks: None).
+#: ZeRO 3 with a non-persistent buffer, ZeRO 2 saved by 3 ranks (uneven partitions; its global batch of 12 does not split over 2 ranks: None).
 EXTRA_PLAN: dict[str, dict[int, int | None]] = {
     "tied_z2_ws2": {1: 3, 2: 0},
     "z0_bf16_ws1": {1: 2, 2: 3},
     "z3_groups_frozen_bn_ws2": {1: 1, 2: 0},
     "z2_fp32_ws3": {1: 1, 2: None},  # stage 3 at ws 1 and stage 2 at ws 3: test_ds_uneven_partitions.py
+    "rotary_z3_ws2": {1: 1, 2: 0},  # stage 3 at ws 2 and 1: test_ds_nonpersistent_buffers.py
 }
 
 

@@ -166,7 +166,10 @@ def test_missing_shard_names_the_file(tmp_path) -> None:
         ("mp_rank_01_model_states.pt", r"tensor/model-parallel.*mp_rank_01_model_states\.pt"),
         ("zero_pp_rank_0_mp_rank_01_optim_states.pt", r"tensor/model-parallel.*mp_rank_01"),
         ("layer_01-model_00-model_states.pt", r"pipeline-parallel.*layer_01-model_00-model_states\.pt"),
-        ("layer_0_expert_1_mp_rank_00_model_states.pt", r"expert-parallel.*layer_0_expert_1_mp_rank_00_model_states"),
+        (
+            "layer_0_expert_1_mp_rank_00_model_states.pt",
+            r"expert files are present \(layer_0_expert_1_mp_rank_00_model_states\.pt.*num_experts. is None",
+        ),
     ],
 )
 def test_unknown_layouts_are_refused(tmp_path, extra: str, pattern: str) -> None:

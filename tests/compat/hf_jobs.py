@@ -53,6 +53,26 @@ def tiny_gpt2_config() -> Any:
     )
 
 
+def tiny_llama_config() -> Any:
+    """A tiny Llama (rotary embeddings: ``rotary_emb.inv_freq`` is a non-persistent buffer, as in every
+    Llama/Mistral/Qwen/Mixtral)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=SEQ, attention_dropout=0.0, attn_implementation="sdpa",
+    )
+
+
+def _model_class(model: str) -> tuple[Any, Any]:
+    """``(class, config)`` for ``model`` ("gpt2" or "llama")."""
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
+
+    if model == "llama":
+        return LlamaForCausalLM, tiny_llama_config()
+    return GPT2LMHeadModel, tiny_gpt2_config()
+
+
 class TokenDataset:
     """``SAMPLES`` fixed random sequences of token ids; labels are the inputs (causal LM)."""
 
@@ -84,8 +104,9 @@ def trainer_run(
     resume: str | None = None,
     build_in_zero_init: bool = False,
     config_optimizer: bool = False,
+    model_kind: str = "gpt2",
 ) -> dict[str, Any]:
-    """Train with ``transformers.Trainer(args=TrainingArguments(deepspeed=cfg, use_cpu=True))``.
+    """Train ``model_kind`` ("gpt2" or "llama", tiny, from a config) with ``transformers.Trainer(args=TrainingArguments(deepspeed=cfg, use_cpu=True))``.
 
     Returns ``{"losses": {step: loss}, "grad_norms": {step: norm}, "checkpoints": [...], "deepspeed":
     deepspeed.__version__, "engine": type name}``. With ``resume`` the Trainer resumes from that checkpoint
@@ -95,10 +116,11 @@ def trainer_run(
     """
     import deepspeed
     import torch
-    from transformers import GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
+    from transformers import Trainer, TrainingArguments, set_seed
 
     set_seed(42)
-    model = None if build_in_zero_init else GPT2LMHeadModel(tiny_gpt2_config())
+    model_cls, model_cfg = _model_class(model_kind)
+    model = None if build_in_zero_init else model_cls(model_cfg)
     args = TrainingArguments(
         output_dir=out_dir,
         deepspeed=ds_config(stage, config_optimizer=config_optimizer),
@@ -119,7 +141,7 @@ def trainer_run(
         save_only_model=False,
     )
     if model is None:
-        model = GPT2LMHeadModel._from_config(tiny_gpt2_config())
+        model = model_cls._from_config(model_cfg)
     born_partitioned = all(hasattr(p, "ds_numel") for p in model.parameters())  # zero.Init partitioned it
     trainer = Trainer(model=model, args=args, train_dataset=TokenDataset())
     trainer.train(resume_from_checkpoint=resume)
@@ -184,33 +206,37 @@ def accelerate_run(stage: int, steps: int = 6) -> dict[str, Any]:
 
 
 def trainer_resume_job(
-    stage: int, root: str, build_in_zero_init: bool = False, config_optimizer: bool = False
+    stage: int, root: str, build_in_zero_init: bool = False, config_optimizer: bool = False,
+    model_kind: str = "gpt2", max_steps: int = 10, save_steps: int = 5,
 ) -> dict[str, Any]:
-    """Train 10 steps saving ``checkpoint-5``, then, in a fresh Trainer, model and engine in the same
-    processes, resume from a copy of ``checkpoint-5`` alone and train to step 10. Returns both runs' results."""
+    """Train ``max_steps`` steps saving every ``save_steps``, then, in a fresh Trainer, model and engine in the
+    same processes, resume from a copy of ``checkpoint-<save_steps>`` alone and train to ``max_steps``.
+    Returns both runs' results."""
     import shutil
 
     from accelerate.state import AcceleratorState, PartialState
 
     full_dir, resume_dir = os.path.join(root, "full"), os.path.join(root, "resume")
-    full = trainer_run(stage, full_dir, build_in_zero_init=build_in_zero_init, config_optimizer=config_optimizer)
+    first = f"checkpoint-{save_steps}"
+    full = trainer_run(stage, full_dir, max_steps=max_steps, save_steps=save_steps,
+                       build_in_zero_init=build_in_zero_init, config_optimizer=config_optimizer, model_kind=model_kind)
     import torch.distributed as dist
 
     dist.barrier()
     if int(os.environ["RANK"]) == 0:
-        shutil.copytree(os.path.join(full_dir, "checkpoint-5"), os.path.join(resume_dir, "checkpoint-5"))
+        shutil.copytree(os.path.join(full_dir, first), os.path.join(resume_dir, first))
     dist.barrier()
     # a new Trainer builds a new Accelerator; the process-wide state keeps the process group
     AcceleratorState._reset_state(reset_partial_state=False)
     PartialState(cpu=True)
     resumed = trainer_run(
-        stage, resume_dir, resume=os.path.join(resume_dir, "checkpoint-5"), build_in_zero_init=build_in_zero_init,
-        config_optimizer=config_optimizer,
+        stage, resume_dir, max_steps=max_steps, save_steps=save_steps, resume=os.path.join(resume_dir, first),
+        build_in_zero_init=build_in_zero_init, config_optimizer=config_optimizer, model_kind=model_kind,
     )
-    tag_dir = os.path.join(full_dir, "checkpoint-5", "global_step5")
+    tag_dir = os.path.join(full_dir, first, f"global_step{save_steps}")
     files = sorted(os.listdir(tag_dir)) if os.path.isdir(tag_dir) else []
     return {"full": full, "resumed": resumed, "files": files,
-            "fp32_vs_saved_model": fp32_vs_saved_model(os.path.join(full_dir, "checkpoint-5"))}
+            "fp32_vs_saved_model": fp32_vs_saved_model(os.path.join(full_dir, first))}
 
 
 def fp32_vs_saved_model(checkpoint: str) -> dict[str, Any]:

@@ -63,6 +63,28 @@ def test_trainer_trains_saves_and_resumes_bit_for_bit(
     _lightning_converter_reads(tmp_path / "full" / "checkpoint-5", stage)
 
 
+def test_trainer_resumes_a_llama_at_zero3(tmp_path) -> None:
+    """A Llama's ``rotary_emb.inv_freq`` is a non-persistent buffer: the ZeRO-3 checkpoint (DeepSpeed's
+    layout, through compat) leaves it out and ``resume_from_checkpoint`` keeps the model's own values; the
+    resumed Trainer's losses and gradient norms equal the uninterrupted run's (6 steps, checkpoint at 3).
+    The model is built by ``from_config`` inside ``deepspeed.zero.Init`` (born partitioned, as
+    ``from_pretrained`` is under the Trainer at ZeRO-3)."""
+    results = run_distributed(
+        hf_jobs.trainer_resume_job, 2, 3, str(tmp_path), True, False, "llama", 6, 3, timeout=600,
+        init_process_group=False,
+    )
+    full, resumed = results[0]["full"], results[0]["resumed"]
+    assert full["is_engine"] and full["born_partitioned"]
+    assert full["checkpoints"] == ["checkpoint-3", "checkpoint-6"]
+    assert sorted(full["losses"]) == list(range(1, 7)) and {4, 5, 6} <= set(resumed["losses"])
+    for step in (4, 5, 6):
+        assert resumed["losses"][step] == full["losses"][step], step
+        assert resumed["grad_norms"][step] == full["grad_norms"][step], step
+    check = results[0]["fp32_vs_saved_model"]
+    assert check["missing"] == [] and check["max_abs_diff"] == 0.0
+    assert not any("inv_freq" in k for k in check["extra"])
+
+
 def _lightning_converter_reads(checkpoint, stage: int) -> None:
     """Lightning's ``convert_zero_checkpoint_to_fp32_state_dict`` (which imports ``deepspeed.utils.zero_to_fp32``
     and ``torch.load``s the model and optimizer files itself) on the compat-written checkpoint."""

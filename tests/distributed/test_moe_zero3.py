@@ -311,11 +311,11 @@ def test_zero3_with_experts_refuses_nvme_offload(key: str, tmp_path) -> None:
         dscore.initialize(model=model, model_parameters=groups, config=cfg)
 
 
-def test_deepspeed_layout_save_of_an_moe_model_is_refused(tmp_path) -> None:
+def test_deepspeed_layout_save_of_an_moe_model_at_zero3_is_refused(tmp_path) -> None:
     from dscore.errors import CheckpointError
 
-    engine = _engine(_models()(1), 2)
+    engine = _engine(_models()(1), 3)  # stages 1-2 write DeepSpeed's MoE layout (tests/checkpoint_deepspeed)
     engine.checkpoint_layout = "deepspeed"
-    with pytest.raises(CheckpointError, match="not supported for MoE models"):
+    with pytest.raises(CheckpointError, match="supported at ZeRO stages 1 and 2"):
         engine.save_checkpoint(str(tmp_path), tag="t")
     engine.close()

@@ -46,7 +46,7 @@ def wait_all(outdir: str, world: int) -> None:
 
 def main() -> None:
     args = sys.argv[1:]
-    if args and args[0].startswith("--local_rank="):
+    if args and args[0].startswith(("--local_rank=", "--local-rank=")):
         args = args[1:]
     mode, outdir, *rest = args
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -156,6 +156,26 @@ def test_clipping_reports_unscaled_norm_and_limits_update() -> None:
     assert delta.item() == pytest.approx(1e-3, rel=1e-3)
 
 
+@pytest.mark.parametrize("clip", [1e-3, 1e3, 0.0])
+def test_post_clip_norm_is_the_norm_of_the_applied_gradients(clip: float) -> None:
+    # SGD with lr 1 and no momentum moves each parameter by exactly its applied gradient
+    model = make_model()
+    x, y = make_data(4)
+    engine, *_ = dscore.initialize(
+        model=model, config=base_config(gradient_clipping=clip, optimizer={"type": "SGD", "params": {"lr": 1.0}})
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    engine_train(engine, x, y, micro=4, n_micro=1)
+    applied = torch.linalg.vector_norm(torch.stack([(p - b).norm() for p, b in zip(model.parameters(), before)]))
+    pre, post = engine.get_global_grad_norm(), engine.get_global_grad_norm_post_clip()
+    if clip == 0.0:  # fp32 at ZeRO 0 without clipping computes no norm: both are None
+        assert pre is None and post is None
+        return
+    assert post == pytest.approx(applied.item(), rel=1e-5)
+    assert post == pytest.approx(min(pre, clip), rel=1e-5)  # min(norm, clip) up to clip_grad_norm_'s 1e-6
+    assert (post < pre) == (clip < pre)
+
+
 # ------------------------------------------------------------------------------------------ precision
 def _master_params(engine) -> list[torch.Tensor]:
     return [p for g in engine.optimizer.param_groups for p in g["params"]]

@@ -25,6 +25,7 @@ MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 _Z3MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 OPTIM_RE = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 PIPE_RE = re.compile(r"^layer_\d+-model_\d+-model_states\.pt$|^layer_\d+-model_states\.pt$")
+EXPERT_RE = re.compile(r"^layer_(\d+)_expert_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 MOE_RE = re.compile(r"(^|_)expp?_rank_\d+|(^|_)expert_\d+")
 
 #: Keys DeepSpeed's engine writes into the model-states file; every other top-level key is the user's
@@ -52,6 +53,8 @@ DEEPSPEED_ENGINE_KEYS = frozenset(
         "ds_version",
         "universal_checkpoint_info",
         "num_experts",
+        "ds_autoep_layers",
+        "autoep_layers",
     }
 )
 

@@ -11,6 +11,11 @@ A DeepSpeed 0.19.8 save directory (``engine.save_checkpoint(save_dir)``)::
                                                               in some versions): rank r's partition of
                                                               the fp32 master weights and moments
 
+MoE (ZeRO 1/2): ``layer_<l>_expert_<e>_mp_rank_00_model_states.pt`` hold expert ``e`` (global id) of MoE layer
+``l``; the model file lists ``num_experts`` per layer and no expert entries; an expert group's optimizer
+partition on rank r covers the experts of EP rank ``r % ep_size`` under local names, over ``ws / ep_size``
+ranks (``partition_count``). They are renamed to global ids here, so any ep_size loads them.
+
 How each layout stores a parameter (facts from DeepSpeed's files and its ``zero_to_fp32`` script):
 
 * **ZeRO 1/2** (and ``BF16_Optimizer``): per parameter group, one flat fp32 vector split evenly over the
@@ -41,6 +46,7 @@ from dscore.errors import CheckpointError, CheckpointNotFoundError
 from dscore_plugins.checkpoint_ds._detect import (
     _Z3MODEL_RE,
     DEEPSPEED_ENGINE_KEYS,
+    EXPERT_RE,
     MODEL_RE,
     MOE_RE,
     OPTIM_RE,
@@ -100,11 +106,16 @@ class DeepSpeedCheckpoint:
                 f"{td} holds pipeline-parallel layer files ({', '.join(pipe[:4])}{' ...' if len(pipe) > 4 else ''}); "
                 "dscore reads data-parallel (ZeRO) DeepSpeed checkpoints only"
             )
-        moe = [n for n in names if MOE_RE.search(n) and n.endswith(".pt")]
+        self.expert_files: dict[tuple[int, int], str] = {}
+        for n in names:
+            if (m := EXPERT_RE.match(n)) and m.group(3) == "00":
+                self.expert_files[(int(m.group(1)), int(m.group(2)))] = n
+        moe = [n for n in names if MOE_RE.search(n) and n.endswith(".pt") and n not in self.expert_files.values()]
         if moe:
             raise CheckpointError(
-                f"{td} holds expert-parallel (MoE) files ({', '.join(moe[:4])}); dscore reads data-parallel (ZeRO) "
-                "DeepSpeed checkpoints only"
+                f"{td} holds expert-parallel (MoE) files dscore does not read ({', '.join(moe[:4])}): it reads "
+                "DeepSpeed's per-layer expert files layer_<l>_expert_<e>_mp_rank_00_model_states.pt with ZeRO 1/2 "
+                "optimizer files (not the pre-0.6 expert_<e>_* names, nor stage 0's expp_rank_<r>_* optimizer files)"
             )
         model0 = [n for n in names if MODEL_RE.match(n)]
         z3model = [n for n in names if _Z3MODEL_RE.match(n)]
@@ -177,6 +188,9 @@ class DeepSpeedCheckpoint:
         if not isinstance(module, dict):
             raise bad_file(path, f"'module' is a {type(module).__name__}, expected a state dict")
         self.module = module
+        self.moe_layers: list[tuple[str, int]] = []  # (key prefix, num_experts) per MoE layer id
+        if self.expert_files:
+            self._merge_experts(ms)
         self.module_keys = list(module.keys())
         self.buffer_names = [str(b) for b in (ms.get("buffer_names") or [])]
         self.shared: dict[str, str] = {str(k): str(v) for k, v in (ms.get("shared_params") or {}).items()}
@@ -212,6 +226,12 @@ class DeepSpeedCheckpoint:
         self.frozen_shapes: dict[str, tuple[int, ...]] = {}
         self.has_optimizer = True
         self.slot_steps: dict[tuple[int, int], Any] = {}
+        if self.expert_files and (self.z3_model_files or not self.optim_files):
+            raise CheckpointError(
+                f"DeepSpeed checkpoint {self.tag_dir} holds MoE expert files with "
+                f"{'ZeRO-3' if self.z3_model_files else 'no ZeRO'} state; dscore reads DeepSpeed's MoE layout at ZeRO "
+                "stages 1 and 2"
+            )
         if self.z3_model_files:
             self.stage = 3
             self._parse_zero3()
@@ -230,6 +250,67 @@ class DeepSpeedCheckpoint:
             self.has_optimizer = False
             self._params_from_module(None)
         self._check_pieces()
+
+    def _merge_experts(self, ms: dict[str, Any]) -> None:
+        """Add every expert file's entries (global expert ids in the names) to :attr:`module`; record each
+        MoE layer's key prefix and expert count (``num_experts`` of the model file, by layer id)."""
+        counts = ms.get("num_experts")
+        if not isinstance(counts, list) or not all(isinstance(c, int) and c > 0 for c in counts):
+            first = min(self.expert_files)
+            raise bad_file(
+                self.model_file,
+                f"expert files are present ({self.expert_files[first]}, ...) but "
+                f"'num_experts' is {counts!r}, not a list",
+            )
+        wanted = {(layer, e) for layer, n in enumerate(counts) for e in range(n)}
+        missing = sorted(wanted - set(self.expert_files))
+        extra = sorted(set(self.expert_files) - wanted)
+        if missing:
+            raise CheckpointNotFoundError(
+                f"DeepSpeed checkpoint {self.tag_dir} records num_experts={counts} but lacks "
+                f"{', '.join(f'layer_{a}_expert_{b}_mp_rank_00_model_states.pt' for a, b in missing[:4])}"
+                f"{' ...' if len(missing) > 4 else ''}; every expert's file is needed"
+            )
+        if extra:
+            raise CheckpointError(
+                f"DeepSpeed checkpoint {self.tag_dir} records num_experts={counts} but also holds "
+                f"{', '.join(self.expert_files[k] for k in extra[:4])}; the files come from different saves"
+            )
+        for layer, n in enumerate(counts):
+            prefix = None
+            for e in range(n):
+                path = os.path.join(self.tag_dir, self.expert_files[(layer, e)])
+                sd = safe_load(path)
+                if not isinstance(sd, dict) or not sd:
+                    raise bad_file(path, "not a non-empty state dict")
+                for key, value in sd.items():
+                    m = re.match(rf"^(.*\.deepspeed_experts\.){e}\.", str(key))
+                    if m is None or (prefix is not None and m.group(1) != prefix):
+                        raise bad_file(path, f"entry {key!r} is not expert {e} of MoE layer {layer}")
+                    prefix = m.group(1)
+                    if key in self.module:
+                        raise bad_file(path, f"entry {key!r} is also in {self.model_file}")
+                    self.module[key] = value
+            assert prefix is not None
+            self.moe_layers.append((prefix, n))
+
+    def _expert_renamer(self, rank: int, ep_size: int, path: str) -> Any:
+        """Local expert name on ``rank`` (one of ``ep_size`` expert-parallel ranks: DeepSpeed's EP group of
+        a rank is ``rank % ep_size``) -> the global name the expert files use."""
+
+        def rename(name: str) -> str:
+            for prefix, n in self.moe_layers:
+                if name.startswith(prefix):
+                    local, _, rest = name[len(prefix) :].partition(".")
+                    if n % ep_size or not local.isdigit() or int(local) >= n // ep_size:
+                        raise CheckpointError(
+                            f"{path}: expert entry {name!r} does not fit {n} experts over {ep_size} expert-parallel "
+                            "rank(s)"
+                        )
+                    return f"{prefix}{(rank % ep_size) * (n // ep_size) + int(local)}.{rest}"
+            raise CheckpointError(f"{path}: {name!r} is in an expert parameter group but is no MoE layer's expert")
+
+        return rename
 
     def _module_param_names(self) -> list[str]:
         """Parameter names of the module state dict in order, tied duplicates (shared storage) dropped."""
@@ -363,24 +444,49 @@ class DeepSpeedCheckpoint:
         shapes = ms.get("param_shapes")
         if not isinstance(shapes, list) or not shapes:
             raise bad_file(self.model_file, "a ZeRO checkpoint without 'param_shapes'")
+        ws = self.world_size
+        # MoE: an expert group is partitioned over its expert-data-parallel group (ws / ep_size ranks) and
+        # each rank's file names its own experts by local index; param_shapes lists rank 0's experts only
+        osd0 = optimizer_sd(safe_load(files[0]), files[0])
+        pc0 = osd0.get("partition_count")
+        pcs0 = pc0 if isinstance(pc0, list) else [pc0] * len(shapes)
+        ep_sizes: list[int] = []
+        for p in pcs0:
+            count = int(p) if p is not None else ws
+            if count != ws and not (self.moe_layers and count >= 1 and ws % count == 0):
+                raise CheckpointError(
+                    f"{files[0]} was partitioned over {pcs0} rank(s) but {self.model_file} records dp_world_size="
+                    f"{ws}; the files come from different saves"
+                )
+            ep_sizes.append(ws // count if self.moe_layers and count != ws else 1)
+        expert_groups = {g for g, grp in enumerate(shapes) if self.moe_layers and self._is_expert_group(grp)}
+        for g, e in enumerate(ep_sizes):
+            if e > 1 and g not in expert_groups:
+                raise CheckpointError(
+                    f"{files[0]}: parameter group {g} is partitioned over {pcs0[g]} of {ws} ranks but holds "
+                    "non-expert parameters; the files come from different saves"
+                )
         order: list[ParamInfo] = []
         for g, grp in enumerate(shapes):
-            for n, s in grp.items():
-                order.append(ParamInfo(str(n), tuple(int(x) for x in s), g))
+            views = range(ep_sizes[g]) if g in expert_groups else [None]
+            for view in views:
+                rename = self._expert_renamer(view, ep_sizes[g], self.model_file) if view is not None else str
+                for n, s in grp.items():
+                    order.append(ParamInfo(rename(str(n)), tuple(int(x) for x in s), g))
         self.params = order
         by_name = {p.name: p for p in order}
         filled: dict[str, int] = {}
         stage = None
         for r, fpath in enumerate(files):
-            osd = optimizer_sd(safe_load(fpath), fpath)
+            osd = osd0 if r == 0 else optimizer_sd(safe_load(fpath), fpath)
             stage_r = osd.get("zero_stage")
             stage = int(stage_r) if stage_r is not None else (stage if stage is not None else 2)
             pc = osd.get("partition_count")
-            pcs = pc if isinstance(pc, list) else [pc]
-            if any(p is not None and int(p) != self.world_size for p in pcs):
+            pcs = pc if isinstance(pc, list) else [pc] * len(shapes)
+            if [int(p) if p is not None else ws for p in pcs] != [ws // e for e in ep_sizes]:
                 raise CheckpointError(
-                    f"{fpath} was partitioned over {pcs} rank(s) but {self.model_file} records dp_world_size="
-                    f"{self.world_size}; the files come from different saves"
+                    f"{fpath} was partitioned over {pcs} rank(s) but {files[0]} over {pcs0}; the files come from "
+                    "different saves"
                 )
             if r == 0:
                 self.loss_scaler = scaler_state(osd)
@@ -403,6 +509,8 @@ class DeepSpeedCheckpoint:
                         frag = DSFragment.of(int(frag["start"]), int(frag["numel"]))
                     if not isinstance(frag, DSFragment):
                         raise bad_file(fpath, f"param_slice_mappings[{g}][{n!r}] is a {type(frag).__name__}")
+                    if g in expert_groups:
+                        n = self._expert_renamer(r, ep_sizes[g], fpath)(str(n))
                     if n not in by_name:
                         raise CheckpointError(f"{fpath} holds a slice of {n!r}, which {self.model_file} does not list")
                     if frag.start + frag.numel > part.numel():
@@ -490,6 +598,13 @@ class DeepSpeedCheckpoint:
                     f"per rank at world size {ws}"
                 )
             self.shards.append(shard)
+
+    def _is_expert_group(self, grp: dict[str, Any]) -> bool:
+        """Whether a ``param_shapes`` group holds MoE experts (all of it; DeepSpeed keeps them apart)."""
+        hits = [any(str(n).startswith(prefix) for prefix, _ in self.moe_layers) for n in grp]
+        if any(hits) and not all(hits):
+            raise CheckpointError(f"{self.model_file}: a param_shapes group mixes expert and non-expert parameters")
+        return bool(hits) and all(hits)
 
     def _subgroups_to_groups(self, shapes: list[Any], path: str) -> None:
         """ZeRO-3's ``param_shapes`` has one entry per *sub-group* (``sub_group_size``); the optimizer's

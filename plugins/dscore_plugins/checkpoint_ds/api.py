@@ -12,7 +12,7 @@ Safety: every file is read by :func:`safe_load` (``torch.load(weights_only=True)
 allow-list :data:`ALLOWED_DEEPSPEED_GLOBALS` of inert stand-ins); anything else is refused naming the
 type and the file. The whole checkpoint (every shard, every slice) is validated before the engine is
 touched: missing shards, an undeterminable world size or a layout dscore does not know (pipeline, tensor
-or expert parallel) raise :class:`~dscore.errors.CheckpointError` naming the files.
+parallel, MoE at stage 0/3; MoE at ZeRO 1/2 loads at any ep_size) raise :class:`~dscore.errors.CheckpointError` naming the files.
 
 Also: :func:`import_checkpoint` (``dscore checkpoint import DS_DIR OUT_DIR``) converts once into dscore's
 pickle-free format, and :func:`export_fp32` (``dscore checkpoint export DS_DIR --fp32 OUT``) writes the
@@ -104,15 +104,18 @@ def _check_against_engine(ck: DeepSpeedCheckpoint, engine: Any, strict: bool, wi
     module = getattr(engine, "module", None)
     if module is None:
         return
+    from dscore.moe.checkpoint import ExpertNaming
+
+    naming = ExpertNaming(module)  # MoE: the checkpoint names experts by global id, the engine by local
     shapes = {p.name: p.shape for p in ck.params}
     shapes.update(ck.frozen_shapes)
-    saved_keys = set(ck.module_keys)
+    saved_keys = {local for k in ck.module_keys if (local := naming.to_local(k)) is not None}
     own: dict[str, tuple[int, ...]] = {}
     for n, p in module.named_parameters(remove_duplicate=False):
         own[n] = tuple(getattr(p, "ds_shape", p.shape))
     for n, b in module.named_buffers(remove_duplicate=False):
         own[n] = tuple(b.shape)
-    expected_keys = set(module.state_dict().keys())
+    expected_keys = set(module.state_dict(keep_vars=True).keys())  # keep_vars: ZeRO-3 params are released
     if strict:
         missing = sorted(expected_keys - saved_keys)
         unexpected = sorted(saved_keys - expected_keys)
@@ -123,13 +126,14 @@ def _check_against_engine(ck: DeepSpeedCheckpoint, engine: Any, strict: bool, wi
                 f"{unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
             )
     for key in ck.module_keys:
-        if key not in own:
+        local = naming.to_local(key)
+        if local is None or local not in own:
             continue
         src = ck.shared.get(key, key)
         saved = shapes.get(src, tuple(ck.module[src].shape))
-        if tuple(saved) != own[key]:
+        if tuple(saved) != own[local]:
             raise CheckpointError(
-                f"DeepSpeed checkpoint {ck.tag_dir}: {key!r} has shape {list(saved)} but the model's is {list(own[key])}"
+                f"DeepSpeed checkpoint {ck.tag_dir}: {key!r} has shape {list(saved)} but the model's is {list(own[local])}"
             )
     if with_optimizer and ck.has_optimizer:
         seen: set[int] = set()
@@ -137,7 +141,7 @@ def _check_against_engine(ck: DeepSpeedCheckpoint, engine: Any, strict: bool, wi
         for n, p in module.named_parameters():
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
-                trainable.append(n)
+                trainable.append(naming.to_global(n))
         saved_names = {p.name for p in ck.params}
         lacking = [n for n in trainable if n not in saved_names]
         if lacking:

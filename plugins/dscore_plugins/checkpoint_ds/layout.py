@@ -5,8 +5,8 @@
   directory (so the tag rules can say how to load it); a dscore save in this layout records it in its manifest.
 * **resolve_tag / read**: DeepSpeed's tag rules; every file read by the restricted unpickler, the whole
   checkpoint validated against the engine before anything is applied; any saved world size and ZeRO stage.
-* **write** (``engine.checkpoint_layout = "deepspeed"``): DeepSpeed's files, ZeRO stages 1-3, fp32/bf16,
-  through dscore's atomic protocol. RNG states and the data-loader position are not part of the layout.
+* **write** (``engine.checkpoint_layout = "deepspeed"``): DeepSpeed's files, ZeRO stages 1-3, fp32/bf16
+  (MoE models: DeepSpeed's per-expert files, stages 1-2), through dscore's atomic protocol. RNG states and the data-loader position are not part of the layout.
 * ``dscore checkpoint export / import / list``: :meth:`DeepSpeedLayout.export_weights`,
   :meth:`~DeepSpeedLayout.import_checkpoint`, :meth:`~DeepSpeedLayout.describe`.
 """
@@ -48,7 +48,8 @@ class DeepSpeedLayout:
         return ", ".join(repr(n) for n in names) or "no tags"
 
     def check_save(self, engine: Any, zero_stage: int) -> None:
-        """Refuse what DeepSpeed's files cannot hold (stage 0, fp16, no optimizer, MoE), naming the way out."""
+        """Refuse what DeepSpeed's files cannot hold (stage 0, fp16, no optimizer, MoE at stage 3), naming the
+        way out."""
         from dscore_plugins.checkpoint_ds.writer import check_supported
 
         config = getattr(engine, "config", None)
@@ -64,9 +65,16 @@ class DeepSpeedLayout:
         """This rank's DeepSpeed files (``torch.save`` of plain containers and tensors), each written atomically."""
         import torch
 
-        from dscore_plugins.checkpoint_ds.writer import deepspeed_files
+        from dscore.moe.layer import MoE
+        from dscore_plugins.checkpoint_ds.writer import ExpertLayer, deepspeed_files
 
         engine = state.engine
+        experts = [  # DeepSpeed numbers MoE layers in named_modules order (AutoEP layers are MoE layers)
+            ExpertLayer(f"{name}.deepspeed_moe.experts.deepspeed_experts." if name else
+                        "deepspeed_moe.experts.deepspeed_experts.", int(m.num_experts), int(m.ep_size))
+            for name, m in engine.module.named_modules()
+            if isinstance(m, MoE)
+        ]  # fmt: skip
         raw = getattr(getattr(engine, "config", None), "raw", None)
         es = state.engine_state
         files = deepspeed_files(
@@ -80,6 +88,7 @@ class DeepSpeedLayout:
             lr_scheduler_state=es.get("lr_scheduler"),
             ds_config=dict(raw) if isinstance(raw, dict) else {},
             client_state=dict(state.client_state),
+            experts=experts,
         )
         written: dict[str, int] = {}
         for name, obj in files.items():

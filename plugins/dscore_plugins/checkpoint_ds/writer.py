@@ -22,6 +22,14 @@ partition, ``partition_count``, ``group_paddings`` and ``param_slice_mappings``;
 ``param_shapes`` order). So DeepSpeed's ``zero_to_fp32.py`` and Lightning's converter read them, and
 dscore reads them back with its safe loader (:mod:`dscore_plugins.checkpoint_ds.api`).
 
+MoE models (``dscore.moe.layer.MoE``, AutoEP layers; ZeRO 1/2), as DeepSpeed's ``_save_moe_checkpoint``: the
+model file without expert entries plus ``num_experts``; ``layer_<l>_expert_<e>_mp_rank_00_model_states.pt`` per
+expert (global id ``e``, its entries named by it), written by the ranks of expert-data-parallel rank 0; each
+expert group's optimizer partition covers the rank's own experts under local names, split over its
+expert-data-parallel group (``partition_count`` per group). Expert entries are chosen by the layer's
+``deepspeed_experts.`` prefix rather than DeepSpeed's "name contains 'expert'" test, so an AutoEP layer's
+shared experts stay in the model file. Groups are flattened in module order, as DeepSpeed does.
+
 Written without DeepSpeed classes: no loss-scaler object (the layout is written for fp32 and bf16 runs;
 fp16 is refused), ``param_slice_mappings`` entries are ``{"start", "numel"}`` dicts instead of DeepSpeed's
 ``fragment_address`` objects (only DeepSpeed's universal-checkpoint conversion reads them). Stage 0 is
@@ -32,13 +40,22 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dscore.errors import CheckpointError
 
-__all__ = ["DEEPSPEED_VERSION", "check_supported", "deepspeed_files", "model_file_name", "optim_file_name"]
+__all__ = [
+    "DEEPSPEED_VERSION",
+    "ExpertLayer",
+    "check_supported",
+    "deepspeed_files",
+    "expert_file_name",
+    "model_file_name",
+    "optim_file_name",
+]
 
 DEEPSPEED_VERSION = "0.19.8"
 
@@ -53,18 +70,56 @@ def optim_file_name(rank: int) -> str:
     return f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 
 
+def expert_file_name(layer_id: int, expert_id: int) -> str:
+    """``layer_<layer_id>_expert_<expert_id>_mp_rank_00_model_states.pt`` (global expert id)."""
+    return f"layer_{layer_id}_expert_{expert_id}_mp_rank_00_model_states.pt"
+
+
+@dataclass(frozen=True)
+class ExpertLayer:
+    """One MoE layer as the writer needs it (``dscore.moe.layer.MoE`` and AutoEP layers, in module order).
+
+    Attributes:
+        prefix: ``<layer>.deepspeed_moe.experts.deepspeed_experts.`` (the expert entries' name prefix).
+        num_experts / ep_size: experts over ``ep_size`` expert-parallel ranks (``num_experts / ep_size`` each;
+            a rank's EP position is ``rank % ep_size``, its expert-data-parallel one ``rank // ep_size``).
+    """
+
+    prefix: str
+    num_experts: int
+    ep_size: int
+
+    @property
+    def num_local(self) -> int:
+        return self.num_experts // self.ep_size
+
+    def split(self, name: str) -> tuple[int, str] | None:
+        """``name`` -> (expert index, rest of the name), or None when it is not one of this layer's experts."""
+        if not name.startswith(self.prefix):
+            return None
+        index, _, rest = name[len(self.prefix) :].partition(".")
+        return (int(index), rest) if index.isdigit() else None
+
+
+def _expert_of(layers: list[ExpertLayer], name: str) -> tuple[ExpertLayer, int, str] | None:
+    for layer in layers:
+        if (hit := layer.split(name)) is not None:
+            return layer, hit[0], hit[1]
+    return None
+
+
 def check_supported(stage: int, fp16: bool, has_optimizer: bool, *, moe: bool = False) -> None:
     """Refuse what this writer does not produce.
 
     Raises:
         CheckpointError: ZeRO stage 0, fp16 (DeepSpeed stores a loss-scaler object), no optimizer, or an
-            MoE model (``moe``: DeepSpeed writes one file per expert, not produced here).
+            MoE model at ZeRO stage 3 (``moe``; DeepSpeed 0.19.8 has no ZeRO-3 layout for ``deepspeed.moe``).
     """
-    if moe:
+    if moe and stage == 3:
         raise CheckpointError(
-            "saving in DeepSpeed's checkpoint layout is not supported for MoE models (dscore.moe.layer.MoE): DeepSpeed "
-            "writes layer_<l>_expert_<e>_mp_rank_00_model_states.pt and expp_rank_<r>_mp_rank_00_optim_states.pt "
-            "files, which this writer does not produce; use engine.checkpoint_layout = 'dscore' (loads at any ep_size)"
+            "saving an MoE model (dscore.moe.layer.MoE) in DeepSpeed's checkpoint layout is supported at ZeRO stages "
+            "1 and 2 (DeepSpeed's per-expert layer_<l>_expert_<e>_mp_rank_00_model_states.pt files); at stage 3 use "
+            "engine.checkpoint_layout = 'dscore' (loads at any ep_size and stage)"
         )
     if stage == 0:
         raise CheckpointError(
@@ -117,6 +172,7 @@ def deepspeed_files(
     lr_scheduler_state: Any,
     ds_config: dict[str, Any],
     client_state: dict[str, Any],
+    experts: list[ExpertLayer] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """The objects this rank writes (file name -> object for ``torch.save``).
 
@@ -130,10 +186,19 @@ def deepspeed_files(
         lr_scheduler_state: the engine's scheduler state dict or None.
         ds_config: the config as given (stored for inspection, as DeepSpeed does).
         client_state: the user's keys, merged into the model-states dict (DeepSpeed's behaviour).
+        experts: the model's MoE layers in module order (stages 1-2). ``module_sd`` / ``optim_sd`` name
+            experts by global id (dscore's stage state dicts do); then, as DeepSpeed's ``_save_moe_checkpoint``:
+            the model file holds no expert entries plus ``num_experts`` (one count per layer) and
+            ``ds_autoep_layers: None``; ranks of expert-data-parallel rank 0 write
+            ``layer_<l>_expert_<e>_mp_rank_00_model_states.pt`` per own expert (its entries, global ids);
+            an expert group's optimizer partition covers this rank's experts under their *local* names,
+            split over the ``world / ep_size`` ranks of its expert-data-parallel group.
 
     Raises:
-        CheckpointError: a parameter of a group has no fp32 master in ``optim_sd``.
+        CheckpointError: a parameter of a group has no fp32 master in ``optim_sd``, or a group mixes expert
+            and other parameters.
     """
+    layers = list(experts or [])
     fp32: dict[str, torch.Tensor] = optim_sd.get("fp32_params") or {}
     state: dict[str, dict[str, Any]] = optim_sd.get("state") or {}
     groups: list[dict[str, Any]] = optim_sd.get("param_groups") or []
@@ -141,23 +206,61 @@ def deepspeed_files(
     missing = [n for names in names_by_group for n in names if n not in fp32]
     if missing:
         raise CheckpointError(f"no fp32 master weights for {missing[:4]} in the optimizer state; cannot write the layout")
-    shapes = [OrderedDict((n, torch.Size(fp32[n].shape)) for n in names) for names in names_by_group]
+    # per group: (this rank's name, the state dicts' name), partition world size, this rank's partition
+    views: list[tuple[list[tuple[str, str]], int, int]] = []
+    for g, names in enumerate(names_by_group):
+        hits = [_expert_of(layers, n) for n in names]
+        if not names or not any(hits):
+            views.append(([(n, n) for n in names], world, rank))
+            continue
+        ep_sizes = {h[0].ep_size for h in hits if h is not None}
+        if not all(hits) or len(ep_sizes) != 1:
+            raise CheckpointError(
+                f"optimizer parameter group {g} mixes MoE expert parameters with others (or expert-parallel sizes); "
+                "DeepSpeed's layout needs split_params_into_different_moe_groups_for_optimizer groups"
+            )
+        ep = ep_sizes.pop()
+        own = []
+        for n, hit in zip(names, hits):
+            assert hit is not None
+            layer, gid, rest = hit
+            if gid // layer.num_local == rank % ep:
+                own.append((f"{layer.prefix}{gid % layer.num_local}.{rest}", n))
+        views.append((own, world // ep, rank // ep))
+    # DeepSpeed flattens each group in registration order (dscore's stages may keep another order)
+    position = {n: i for i, (n, _) in enumerate(module.named_parameters(remove_duplicate=False))}
+    for view, _, _ in views:
+        if all(local in position for local, _ in view):
+            view.sort(key=lambda pair: position[pair[0]])
+    shapes = [OrderedDict((local, torch.Size(fp32[n].shape)) for local, n in view) for view, _, _ in views]
     trainable = {n for names in names_by_group for n in names}
     shared = _shared_params(module)
-    frozen = [n for n, p in module.named_parameters() if not p.requires_grad and n not in trainable]
+
+    def global_name(local: str) -> str:
+        hit = _expert_of(layers, local)
+        if hit is None:
+            return local
+        layer, index, rest = hit
+        return f"{layer.prefix}{(rank % layer.ep_size) * layer.num_local + index}.{rest}"
+
+    frozen = [
+        global_name(n) for n, p in module.named_parameters() if not p.requires_grad and global_name(n) not in trainable
+    ]
+    frozen = [n for n in frozen if _expert_of(layers, n) is None]  # frozen experts: in their expert files
     buffer_names = [n for n, _ in module.named_buffers() if n in module_sd]
     hypers = [{k: v for k, v in g.items() if k != "param_names"} for g in groups]
 
     base_state: dict[int, dict[str, Any]] = {}
     out: dict[str, dict[str, Any]] = {}
     if stage in (1, 2):
-        align = 2 * world
-        parts, mappings, paddings = [], [], []
-        for g, names in enumerate(names_by_group):
+        parts, mappings, paddings, counts = [], [], [], []
+        for g, (view, part_world, part_rank) in enumerate(views):
+            names = [n for _, n in view]
+            align = 2 * part_world  # DeepSpeed aligns each group to 2 x its partition group's size
             total = sum(fp32[n].numel() for n in names)
             padded = max(align, math.ceil(total / align) * align)
-            per = padded // world
-            lo, hi = rank * per, (rank + 1) * per
+            per = padded // part_world
+            lo, hi = part_rank * per, (part_rank + 1) * per
             parts.append(_flat([fp32[n].float() for n in names], padded)[lo:hi].clone())
             slot: dict[str, Any] = {}
             keys = {k for n in names for k, v in state.get(n, {}).items() if torch.is_tensor(v) and v.dim() > 0}
@@ -170,14 +273,15 @@ def deepspeed_files(
             base_state[g] = slot
             mapping: OrderedDict[str, dict[str, int]] = OrderedDict()
             off = 0
-            for n in names:
+            for local, n in view:
                 numel = fp32[n].numel()
                 start, end = max(off, lo), min(off + numel, hi)
                 if start < end:
-                    mapping[n] = {"start": start - lo, "numel": end - start}
+                    mapping[local] = {"start": start - lo, "numel": end - start}
                 off += numel
             mappings.append(mapping)
-            paddings.append(padded - total if rank == world - 1 else 0)
+            paddings.append(padded - total if part_rank == part_world - 1 else 0)
+            counts.append(part_world)
         osd: dict[str, Any] = {
             "loss_scaler": None,
             "dynamic_loss_scale": False,
@@ -190,7 +294,7 @@ def deepspeed_files(
             "single_partition_of_fp32_groups": parts,
             "zero_stage": stage,
             "group_paddings": paddings,
-            "partition_count": [world] * len(groups),
+            "partition_count": counts,
             "ds_version": DEEPSPEED_VERSION,
             "param_slice_mappings": mappings,
         }
@@ -228,6 +332,19 @@ def deepspeed_files(
         }
     out[optim_file_name(rank)] = {"optimizer_state_dict": osd, "ds_config": ds_config, "ds_version": DEEPSPEED_VERSION}
 
+    if layers and rank // min(layer.ep_size for layer in layers) == 0:
+        # DeepSpeed: expert-data-parallel rank 0 of each layer's groups writes its own experts, one file each
+        for layer_id, layer in enumerate(layers):
+            if rank // layer.ep_size:
+                continue
+            for local in range(layer.num_local):
+                gid = (rank % layer.ep_size) * layer.num_local + local
+                head = f"{layer.prefix}{gid}."
+                entries = {k: v.detach().cpu().clone() for k, v in module_sd.items() if k.startswith(head)}
+                out[expert_file_name(layer_id, gid)] = entries
+    if layers:
+        module_sd = OrderedDict((k, v) for k, v in module_sd.items() if _expert_of(layers, k) is None)
+
     if stage == 3 or rank == 0:
         param_names = {n for n, _ in module.named_parameters(remove_duplicate=False)}
         if stage == 3:  # DeepSpeed's stage-3 module state holds empty placeholders for partitioned parameters
@@ -261,9 +378,13 @@ def deepspeed_files(
             "global_samples": int(counters.get("global_samples", 0)),
             "dp_world_size": world,
             "mp_world_size": 1,
+            "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1},
             "ds_config": ds_config,
             "ds_version": DEEPSPEED_VERSION,
         }
+        if layers:
+            model_state["num_experts"] = [layer.num_experts for layer in layers]
+            model_state["ds_autoep_layers"] = None
         for key, value in client_state.items():  # DeepSpeed merges the client's keys into the same dict
             model_state[key] = value
         out[model_file_name(stage, rank)] = model_state

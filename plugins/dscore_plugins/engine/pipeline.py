@@ -445,6 +445,9 @@ class PipelineEngine(DscoreEngine):
         self.agg_train_loss = loss
         return loss
 
+    def _clip_for_post_norm(self) -> float:
+        return self._clip  # the pipeline clips across stages itself (its ZeRO stage is built without clipping)
+
     def _any_stage_overflowed(self) -> bool:
         """True when any rank (any stage, any replica) holds a non-finite gradient (one scalar all-reduce).
 

@@ -26,8 +26,9 @@ _PIPELINE_TP_SP = "tensor_parallel.autotp_size / sequence_parallel_size cannot b
 
 class AutoTPTransform(ModelTransform["TensorParallelConfig"]):
     """``tensor_parallel.autotp_size > 1``: split the model's layers over the tensor-parallel group
-    (:mod:`dscore_plugins.parallel.autotp`), give the ZeRO stage split parameter groups without clipping and
-    wrap it in the :class:`~dscore_plugins.parallel.autotp.stage.TensorParallelStage` that clips exactly."""
+    (:mod:`dscore_plugins.parallel.autotp`), give the ZeRO stage split parameter groups and wrap it in the
+    :class:`~dscore_plugins.parallel.autotp.stage.TensorParallelStage` that makes its gradient norm, overflow
+    verdict and clipping the whole model's."""
 
     def enabled(self, config: DscoreConfig) -> bool:
         """True when ``tensor_parallel.autotp_size`` is above 1."""
@@ -53,7 +54,7 @@ class AutoTPTransform(ModelTransform["TensorParallelConfig"]):
         ctx.model_parameters = remap_parameters(ctx.model, ctx.model_parameters)
 
     def adjust_stage(self, ctx: TransformContext[TensorParallelConfig], inputs: StageInputs) -> StageInputs:
-        """Groups split into replicated / sharded halves; the stage clips nothing (the wrapper does)."""
+        """Groups split into replicated / sharded halves (the wrapper's norm counts each kind right)."""
         from dscore.runtime.assembly import param_groups
         from dscore_plugins.parallel.autotp.stage import split_groups_for_tp
 
@@ -61,14 +62,14 @@ class AutoTPTransform(ModelTransform["TensorParallelConfig"]):
         return StageInputs(
             module=inputs.module,
             model_parameters=split_groups_for_tp(groups, inputs.module),
-            config=inputs.config.model_copy(update={"gradient_clipping": 0.0}),
+            config=inputs.config,
         )
 
     def wrap_stage(self, ctx: TransformContext[TensorParallelConfig], stage: ZeroStage, inputs: StageInputs) -> ZeroStage:
-        """The stage wrapped for the tensor-parallel norm, clipping to the user's ``gradient_clipping``."""
+        """The stage wrapped for the model-wide gradient norm (overflow verdict, clipping, reported norm)."""
         from dscore_plugins.parallel.autotp.stage import wrap_stage
 
-        return wrap_stage(stage, inputs.module, ctx.mesh, clip=float(ctx.config.gradient_clipping))
+        return wrap_stage(stage, inputs.module, ctx.mesh)
 
     def verify(self, ctx: VerifyContext[TensorParallelConfig]) -> None:
         """Refuse an engine that left the model unsplit (ConfigError naming the engine)."""

@@ -119,6 +119,7 @@ class PartitionedOptimizerStage(ZeroStage):
     """
 
     stage = 1
+    supports_grad_norm_sq = True
     partition_gradients = False
 
     def __init__(self, ctx: ZeroStageContext[ZeroConfig]) -> None:
@@ -382,7 +383,7 @@ class PartitionedOptimizerStage(ZeroStage):
             self._optimizer, masters=[m for ms in self.masters for m in ms], master_grads=self.master_grads, fresh=self._fresh,
             comm=self.comm, precision=self.precision, loss_scaler=self.loss_scaler, clip=self.clip, world=self.world,
             offload=self.offload, publish=self._all_gather_params, zero_grad=self._zero_buffers,
-            post_divisor=self.divisors[1],
+            post_divisor=self.divisors[1], norm_sq=self.grad_norm_sq,
         )
 
     @torch.no_grad()

@@ -52,7 +52,7 @@ from dscore.moe.groups import expert_groups
 from dscore.moe.utils import is_moe_param
 from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
-from dscore.zero.optimizer import optimizer_state_bytes, unique_trainable
+from dscore.zero.optimizer import collective_device, optimizer_state_bytes, unique_trainable
 from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore_plugins.zero.config import ZeroConfig
 
@@ -138,6 +138,7 @@ class Stage0(ZeroStage):
     """
 
     stage = 0
+    supports_grad_norm_sq = True
 
     def __init__(self, ctx: ZeroStageContext[ZeroConfig]) -> None:
         super().__init__(ctx)
@@ -338,7 +339,10 @@ class Stage0(ZeroStage):
         flats = self._flat_optimizer_grads
         need_norm = self.clip > 0.0 or self.check_overflow
         norm: torch.Tensor | None = None
-        if need_norm and flats:
+        if need_norm and self.grad_norm_sq is not None:
+            # the whole model's norm (AutoTP): one collective every rank enters, so every rank decides alike
+            norm = self.grad_norm_sq(collective_device(flats)).to(torch.float32).sqrt()
+        elif need_norm and flats:
             norms = [torch.linalg.vector_norm(f, dtype=torch.float32) for f in flats]
             if self._experts:
                 norm = self._norm_with_experts(norms)

@@ -178,6 +178,7 @@ class Stage3(StateIO, Coordinator, ZeroStage):
     """
 
     stage = 3
+    supports_grad_norm_sq = True
 
     def __init__(self, ctx: ZeroStageContext[ZeroConfig]) -> None:
         super().__init__(ctx)
@@ -405,7 +406,7 @@ class Stage3(StateIO, Coordinator, ZeroStage):
             self._optimizer, masters=[m for m in self.masters if m is not None], master_grads=self.master_grads, fresh=self._fresh,
             comm=self.comm, precision=self.precision, loss_scaler=self.loss_scaler, clip=self.clip, world=self.world,
             offload=self.offload_opt, publish=self._masters_to_partitions, zero_grad=self.zero_grad,
-            post_divisor=self.divisors[1],
+            post_divisor=self.divisors[1], norm_sq=self.grad_norm_sq,
         )
 
     def zero_grad(self) -> None:

@@ -89,14 +89,28 @@ class StateIO(Units):
     @torch.no_grad()
     def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
         """Load full weights: each unit is gathered, overwritten, re-partitioned (masters refreshed). MoE
-        experts: this rank's, found under their global names.
+        experts: this rank's, found under their global names. Only the keys of ``module.state_dict()`` are
+        read: non-persistent buffers (``register_buffer(..., persistent=False)``, e.g. a Llama's
+        ``rotary_emb.inv_freq``) are never saved and keep the module's own values, as in torch.
 
         Raises:
-            KeyError: ``strict`` and a parameter or buffer is missing from ``state`` (names it).
+            KeyError: ``strict`` and a parameter or persistent buffer is missing from ``state``, or
+                ``state`` holds a key the module does not have (names them; checked before anything is
+                written, so a refused load leaves the weights as they were).
         """
         module = self.ctx.module
         if self.has_experts:
             state = ExpertNaming(module).localize(dict(state))
+        expected = set(module.state_dict(keep_vars=True).keys())
+        if strict:
+            missing = sorted(expected - set(state))
+            unexpected = sorted(set(state) - expected)
+            if missing or unexpected:
+                raise KeyError(
+                    f"the state dict does not fit the module (strict): missing keys {missing[:8]}"
+                    f"{' ...' if len(missing) > 8 else ''}, unexpected keys {unexpected[:8]}"
+                    f"{' ...' if len(unexpected) > 8 else ''}"
+                )
         names_of: dict[int, list[str]] = {}
         for n, p in module.named_parameters(remove_duplicate=False):
             names_of.setdefault(id(p), []).append(n)
@@ -106,18 +120,13 @@ class StateIO(Units):
             u.gather()
             for p, v in zip(u.params, u.full_values()):
                 name = next((n for n in names_of.get(id(p), []) if n in state), None)
-                if name is None:
-                    if strict:
-                        raise KeyError(f"state dict has no entry for parameter {names_of.get(id(p), ['?'])[0]!r}")
-                    continue
-                v.copy_(state[name].reshape(v.shape))
+                if name is not None:
+                    v.copy_(state[name].reshape(v.shape))
             u.write_back()
             if s.trainable and self.masters[s.key] is not None:
                 self._refresh_master_from(u)
             if not was:
                 u.release()
         for n, b in module.named_buffers():
-            if n in state:
+            if n in expected and n in state:  # a non-persistent buffer is not in ``expected``
                 b.copy_(state[n])
-            elif strict:
-                raise KeyError(f"state dict has no entry for buffer {n!r}")

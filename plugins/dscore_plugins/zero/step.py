@@ -43,6 +43,7 @@ def step_partitions(
     post_divisor: float | None = None,
     publish: Callable[[], None],
     zero_grad: Callable[[], None],
+    norm_sq: Callable[[torch.device], torch.Tensor] | None = None,
 ) -> StepOutcome:
     """One optimizer step of a partitioned stage (see the module docstring).
 
@@ -56,6 +57,8 @@ def step_partitions(
             :func:`dscore.zero.reducer.gradient_divisors`); None: the precision's default.
         publish: copies the updated partitions into the parameters (runs after an applied step).
         zero_grad: the stage's ``zero_grad`` (runs last, applied or not).
+        norm_sq: the stage's :attr:`~dscore.protocols.zero.ZeroStage.grad_norm_sq` (the whole model's
+            squared norm, set by AutoTP), or None: the norm is all-reduced over ``comm``.
     """
     if fresh:
         for g in master_grads:
@@ -64,7 +67,7 @@ def step_partitions(
     t0 = clock(timers)
     norm, skip, overflow = unscale_clip_for_step(
         [g for g in master_grads if g.numel()], comm, precision=precision, loss_scaler=loss_scaler, clip=clip,
-        world=world, post_divisor=post_divisor,
+        world=world, post_divisor=post_divisor, norm_sq=norm_sq,
     )
     if skip:
         zero_grad()

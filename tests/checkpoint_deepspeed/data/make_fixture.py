@@ -3,7 +3,8 @@ TOTAL steps, and record what a faithful importer must reproduce. Run one process
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). argv: outdir name stage dtype model
 
 A copy of ../shared/fixtures/deepspeed-0.19.8-checkpoints/make_fixture.py (the script that made the shared
-fixtures) kept beside the committed ones, reformatted; run it with a Python that has DeepSpeed 0.19.8
+fixtures) kept beside the committed ones, reformatted, plus the model kind ``rotary`` (not in the shared
+copy: a non-persistent ``inv_freq`` buffer used in forward and a persistent running statistic); run it with a Python that has DeepSpeed 0.19.8
 installed (never dscore's), DS_ACCELERATOR=cpu, one process per rank. See README.md here."""
 
 import json
@@ -36,6 +37,33 @@ class Tied(torch.nn.Module):
     def forward(self, x):
         return self.head(torch.tanh(self.mid(self.emb(x))))
 
+class Rope(torch.nn.Module):
+    # rotary position embedding over a (batch, 4 positions, 4 features) view, as in a Llama's rotary_emb:
+    # inv_freq is recomputed by the module and never saved; running_amp is saved (rank 0's is in the file)
+    def __init__(self, dim=4, base=10000.0):
+        super().__init__()
+        inv_freq = 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("running_amp", torch.ones(1, device="cpu"))
+    def forward(self, h):
+        pos = torch.arange(h.shape[1], dtype=torch.float32, device=h.device)
+        ang = pos[:, None] * self.inv_freq[None, :]
+        cos, sin = ang.cos().to(h.dtype), ang.sin().to(h.dtype)
+        a, b = h[..., : h.shape[-1] // 2], h[..., h.shape[-1] // 2 :]
+        with torch.no_grad():
+            self.running_amp.mul_(0.9).add_(0.1 * h.detach().float().abs().mean())
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+
+class Rotary(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.rope = Rope()
+        self.fc2 = torch.nn.Linear(16, 4)
+    def forward(self, x):
+        h = self.rope(self.fc1(x).view(x.shape[0], 4, 4))
+        return self.fc2(torch.relu(h.reshape(x.shape[0], 16)))
+
 def batch(step, r):
     g = torch.Generator().manual_seed(1000 * step + r)
     if model_kind == "tied":
@@ -47,7 +75,7 @@ def batch(step, r):
     return x, y
 
 torch.manual_seed(1234)
-model = Tied() if model_kind == "tied" else MLP()
+model = {"tied": Tied, "rotary": Rotary}.get(model_kind, MLP)()
 cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
        "steps_per_print": 1000,
        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "betas": [0.9, 0.99], "eps": 1e-8, "weight_decay": 0.01}},

@@ -1,7 +1,8 @@
 """AutoTP training (the ``autotp`` model transform's machinery and the names ``dscore.parallel.autotp`` exports).
 
 * :mod:`.plan`: which layers split and how, the split itself (:func:`apply_autotp`), ``tp_model_init``;
-* :mod:`.stage`: :class:`TensorParallelStage`, the ZeRO wrapper for exact clipping and full-tensor checkpoints.
+* :mod:`.stage`: :class:`TensorParallelStage`, the ZeRO wrapper for the model-wide gradient norm (overflow verdict,
+  clipping, reported norm) and full-tensor checkpoints.
 
 Importing this package imports torch; the transform object (:mod:`dscore_plugins.parallel.transforms`) does not.
 """

@@ -16,10 +16,11 @@ Stricter than DeepSpeed: a user pattern that matches no parameter, a model in wh
 dim that does not divide by the degree, or attention heads not divisible by it are :class:`ConfigError`\\ s
 naming the pattern / module; DeepSpeed trains unsharded without a word.
 
-What is refused with tensor parallelism (``ConfigError`` naming the key): fp16 (its overflow verdict would
-differ across tensor-parallel ranks) and a client optimizer *instance* (its groups hold the unsplit
-parameters). Gradient clipping is exact: the global norm counts every shard once and every replicated
-parameter once (:class:`dscore_plugins.parallel.autotp.stage.TensorParallelStage`). A checkpoint of a tensor-parallel run holds full tensors
+What is refused with tensor parallelism (``ConfigError`` naming the key): a client optimizer *instance* (its
+groups hold the unsplit parameters). fp16 and bf16 are both supported: the gradient norm, the overflow verdict
+(so the skip and the loss scaler's update) and clipping are the whole model's, agreed in one all-reduce over
+every rank (:class:`dscore_plugins.parallel.autotp.stage.TensorParallelStage`): the global norm counts every
+shard once and every replicated parameter once. A checkpoint of a tensor-parallel run holds full tensors
 and user-shaped parameter groups, so it loads at any degree (1 included) and into a plain model.
 """
 
@@ -104,16 +105,10 @@ def check_tp_config(cfg: Any, *, precision_name: str, client_optimizer: Any) -> 
     """Refuse what AutoTP training cannot honour (see the module docstring).
 
     Raises:
-        ConfigError: fp16 with ``autotp_size > 1``; ``activation_checkpointing.partition_activations``; a client
+        ConfigError: ``activation_checkpointing.partition_activations``; a client
             optimizer instance; an explicit
             ``tensor_parallel.dtype`` other than the precision mode's.
     """
-    if precision_name == "fp16":
-        raise ConfigError(
-            "fp16 with tensor_parallel.autotp_size > 1 is not supported by dscore: the overflow check of each "
-            "tensor-parallel rank sees different shards; use bf16 or fp32",
-            path="fp16.enabled",
-        )
     block = cfg.section("tensor_parallel")
     if block.keep_module_on_host:
         log.warning(

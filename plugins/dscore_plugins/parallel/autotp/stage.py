@@ -62,66 +62,91 @@ class TensorParallelStage(ZeroStage):
 
     * the first forward checks that every rank of the tensor-parallel group got the same batch
       (:class:`TPBatchMismatchError` naming the ranks);
-    * gradient clipping: the global norm is ``sqrt(sum over tp ranks of the split parameters' squared
-      norms + the replicated parameters' squared norm once)``; the inner stage is built without clipping
-      over :func:`split_groups_for_tp` groups (even groups replicated, odd groups split), and a step
-      pre-hook on its optimizer (:meth:`torch.optim.Optimizer.register_step_pre_hook`: the gradients are
-      reduced and unscaled by then) computes the norm and scales the gradients, as
-      :func:`torch.nn.utils.clip_grad_norm_` (``clip / (norm + 1e-6)`` capped at 1);
+    * the gradient norm, the overflow verdict and clipping are the whole model's: the inner stage (built over
+      :func:`split_groups_for_tp` groups: even groups replicated, odd groups split) is given
+      :meth:`model_norm_sq` as its :attr:`~dscore.protocols.zero.ZeroStage.grad_norm_sq`, one all-reduce over
+      every rank (data x sequence x tensor: the whole world, since AutoTP refuses pipeline and expert
+      parallelism) that sums each split parameter's shards and counts each replicated parameter once, and
+      carries a non-finite flag. So an inf/NaN in one rank's shard skips the step on every rank (fp16's loss
+      scaler backs off on every rank alike), clipping to the user's ``gradient_clipping`` uses the global
+      norm (``clip / (norm + 1e-6)`` capped at 1, as :func:`torch.nn.utils.clip_grad_norm_`), and
+      ``engine.get_global_grad_norm()`` is the same global norm on every rank, clipping or not;
     * checkpoints: ``module_state_dict`` / ``state_dict`` hold full tensors (split parameters gathered over
       the tensor-parallel group), loads slice them again, so a checkpoint loads at any degree, 1 included.
     """
 
-    def __init__(self, inner: ZeroStage, module: torch.nn.Module, mesh: ParallelMesh, *, clip: float) -> None:
-        """Wrap ``inner`` (built over :func:`split_groups_for_tp` groups with ``gradient_clipping: 0``).
+    def __init__(self, inner: ZeroStage, module: torch.nn.Module, mesh: ParallelMesh) -> None:
+        """Wrap ``inner`` (built over :func:`split_groups_for_tp` groups).
 
-        Args:
-            clip: the configured ``gradient_clipping`` (0 disables), applied here with the exact norm.
+        Raises:
+            ConfigError: ``inner`` does not honour :attr:`~dscore.protocols.zero.ZeroStage.grad_norm_sq`
+                (a third-party stage), naming it and ``tensor_parallel.autotp_size``.
         """
         super().__init__(inner.ctx)
-        self.inner, self.mesh, self.module, self.clip = inner, mesh, module, float(clip)
+        self.inner, self.mesh, self.module = inner, mesh, module
         self.tp_comm = mesh.tp_comm
         self.split = tp_params_of(module)
-        self._norm: torch.Tensor | None = None
         self._hook = module.register_forward_pre_hook(self._check_batch, with_kwargs=True)
-        opt = inner.optimizer
-        if self.clip > 0.0 and opt is not None:
-            if not hasattr(opt, "register_step_pre_hook"):
-                raise ConfigError(
-                    f"gradient_clipping with tensor_parallel needs a torch.optim.Optimizer, got {type(opt).__name__}; "
-                    "set gradient_clipping: 0",
-                    path="gradient_clipping",
-                )
-            opt.register_step_pre_hook(self._clip_hook)
+        if not type(inner).supports_grad_norm_sq:
+            raise ConfigError(
+                f"tensor_parallel.autotp_size {mesh.tp_size} needs a ZeRO stage that takes the model-wide gradient "
+                f"norm (ZeroStage.supports_grad_norm_sq); {type(inner).__name__} does not, so its overflow verdict "
+                "and clipping would be per shard; use a built-in zero_optimization.implementation",
+                path="tensor_parallel.autotp_size",
+            )
+        if self.ctx.runtime.comm.get_world_size() != mesh.shape.world:
+            raise ConfigError(
+                f"tensor_parallel.autotp_size {mesh.tp_size}: the mesh spans {mesh.shape.world} ranks but the world "
+                f"has {self.ctx.runtime.comm.get_world_size()}; the model-wide gradient norm reduces over the world",
+                path="tensor_parallel.autotp_size",
+            )
+        inner.grad_norm_sq = self.model_norm_sq
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "mesh", "module", "split", "tp_comm", "_hook", "clip", "_norm"):
+        if name in ("inner", "mesh", "module", "split", "tp_comm", "_hook"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
     @torch.no_grad()
-    def _clip_hook(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        # runs inside the inner step, after reduction and unscaling: .grad holds the true averaged gradients
+    def model_norm_sq(self, device: torch.device) -> torch.Tensor:
+        """The squared L2 norm of the inner optimizer's gradients over the whole model, and its verdict.
+
+        Called by the inner stage at each boundary (its gradients reduced over the data x sequence ranks,
+        still loss-scaled). One all-reduce (sum) over the world of ``[replicated, split, non-finite]``: a
+        replicated parameter is counted on tensor-parallel rank 0 only, each split parameter's shard on
+        every tensor-parallel rank; at ZeRO 0 the gradients are whole on every data-parallel rank, so only
+        data-parallel rank 0 counts them (at 1-3 the partitions are disjoint and all count). Every rank
+        flags its own inf/NaN, counted or not.
+
+        Args:
+            device: where the collective runs (the stage's collective device).
+
+        Returns:
+            0-dim float32 tensor on ``device``, equal on every rank: the squared norm, or ``inf`` when any
+            rank's gradients hold an inf or NaN. No host sync.
+        """
+        opt = self.inner.optimizer
         grads: list[list[torch.Tensor]] = [[], []]
-        for gi, group in enumerate(opt.param_groups):
-            grads[gi % 2].extend(p.grad for p in group["params"] if p.grad is not None)
-        # on the collective device (NCCL refuses host tensors), and no host sync: the clip coefficient stays a tensor
-        device = collective_device(grads[0] + grads[1])
-        sq = torch.zeros(2, dtype=torch.float64, device=device)
+        if opt is not None:
+            for gi, group in enumerate(opt.param_groups):
+                grads[gi % 2].extend(p.grad for p in group["params"] if p.grad is not None and p.grad.numel())
+        local = torch.zeros(2, dtype=torch.float64, device=device)
         for kind in (0, 1):
             if grads[kind]:
                 norms = torch._foreach_norm(grads[kind], 2.0)
-                sq[kind] = torch.stack([n.to(device, torch.float64) for n in norms]).pow(2).sum()
-        if int(self.inner.stage) >= 1:  # partitions are disjoint over the gradient group: add them up
-            self.mesh.grad_comm.all_reduce(sq)
-        shards = sq[1:].clone()
-        self.tp_comm.all_reduce(shards)  # every shard counted once, replicated parameters once
-        norm = (sq[0] + shards[0]).sqrt()
-        self._norm = norm.to(torch.float32)
-        coef = (self.clip / (norm + 1e-6)).clamp(max=1.0).to(torch.float32)
-        for kind in (0, 1):
-            if grads[kind]:
-                torch._foreach_mul_(grads[kind], coef.to(grads[kind][0].device))
+                local[kind] = torch.stack([n.to(device, torch.float64) for n in norms]).pow(2).sum()
+        whole = int(self.inner.stage) == 0  # ZeRO 0: every data-parallel rank holds the same reduced gradients
+        counted = 0 if whole and self.mesh.grad_comm.rank != 0 else 1
+        weights = torch.tensor(
+            [counted if self.mesh.tp_rank == 0 else 0, counted], dtype=torch.float64, device=device
+        )
+        parts = torch.empty(3, dtype=torch.float64, device=device)
+        parts[2] = (~torch.isfinite(local).all()).to(torch.float64)
+        # a non-finite value must not reach the sums as inf * 0 (NaN): the flag carries it
+        parts[:2] = torch.where(torch.isfinite(local), local, torch.zeros_like(local)) * weights
+        self.ctx.runtime.comm.all_reduce(parts)
+        total = parts[0] + parts[1]
+        return torch.where(parts[2] > 0, torch.full_like(total, float("inf")), total).to(torch.float32)
 
     def _check_batch(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._hook.remove()
@@ -156,11 +181,7 @@ class TensorParallelStage(ZeroStage):
         self.inner.backward(loss, boundary=boundary, sync=sync, retain_graph=retain_graph)
 
     def step(self) -> StepOutcome:
-        self._norm = None
-        outcome = self.inner.step()
-        if self._norm is not None and outcome.applied:
-            return StepOutcome(applied=True, overflow=outcome.overflow, global_grad_norm=self._norm)
-        return outcome
+        return self.inner.step()
 
     def zero_grad(self) -> None:
         self.inner.zero_grad()
@@ -237,9 +258,9 @@ class TensorParallelStage(ZeroStage):
         self.inner.load_state_dict(sd, load_optimizer_states=load_optimizer_states)
 
 
-def wrap_stage(inner: ZeroStage, module: torch.nn.Module, mesh: ParallelMesh, *, clip: float) -> TensorParallelStage:
+def wrap_stage(inner: ZeroStage, module: torch.nn.Module, mesh: ParallelMesh) -> TensorParallelStage:
     """``inner`` wrapped in a :class:`TensorParallelStage` subclass whose class attribute ``stage`` is the inner
     stage's (the engine and checkpoints read ``type(stage).stage``)."""
     cls = type(f"TensorParallel{type(inner).__name__}", (TensorParallelStage,), {"stage": int(type(inner).stage)})
-    wrapped: TensorParallelStage = cls(inner, module, mesh, clip=clip)
+    wrapped: TensorParallelStage = cls(inner, module, mesh)
     return wrapped

@@ -58,6 +58,30 @@ def all_gather_differentiable(tensor: torch.Tensor, comm: Any) -> torch.Tensor:
     return _all_gather_sum_backward(tensor, comm)
 
 
+_PADDED_MASK_WARNED = False
+
+
+def _warn_padded_mask(mask: Any) -> None:
+    """Warn once per process when a dropped ``attention_mask`` had padding (a zero anywhere).
+
+    Ulysses attends causally by ``position_ids`` over the whole sequence, so padded positions are attended
+    to as if they were tokens (DeepSpeed drops the mask the same way, without a word). The check stops
+    after the warning: one reduction over ``[b, S]`` per batch until then.
+    """
+    global _PADDED_MASK_WARNED
+    if _PADDED_MASK_WARNED or not isinstance(mask, torch.Tensor) or not bool((mask == 0).any()):
+        return
+    _PADDED_MASK_WARNED = True
+    log.warning(
+        "UlyssesSPDataLoaderAdapter dropped an attention_mask with padding (%d of %d positions are 0): "
+        "sequence-parallel attention is causal by position_ids and ignores the mask, as in DeepSpeed, so padded "
+        "tokens are attended to; give them labels -100 (their loss is then ignored) or pack sequences without "
+        "padding (warned once per process)",
+        int((mask == 0).sum()),
+        mask.numel(),
+    )
+
+
 class UlyssesSPDataLoaderAdapter:
     """Iterate ``dl`` yielding this rank's sequence shard of every batch (DeepSpeed's class of the same name).
 
@@ -65,7 +89,8 @@ class UlyssesSPDataLoaderAdapter:
     ``attention_mask`` and other ``[b, S]`` tensors. Labels are shifted on the full sequence first
     (``shift_labels[:, i] = labels[:, i + 1]``, ``-100`` at the end) so no target crosses a shard boundary;
     the yielded dict holds ``shift_labels`` instead of ``labels``, ``position_ids`` of the global sequence
-    (created as ``arange(S)`` when missing), and no ``attention_mask`` (attention is causal by position).
+    (created as ``arange(S)`` when missing), and no ``attention_mask`` (attention is causal by position;
+    a mask with padding, any 0, is logged as a warning once per process: padded tokens are attended to).
 
     Stricter than DeepSpeed, which all-gathers the different batches the ranks of a group received and
     yields ``sp`` shards per batch: dscore requires every rank of the group to receive the same batch
@@ -123,7 +148,7 @@ class UlyssesSPDataLoaderAdapter:
             )
         out: dict[str, Any] = {}
         full = dict(batch)
-        full.pop("attention_mask", None)
+        _warn_padded_mask(full.pop("attention_mask", None))
         if "position_ids" not in full:
             full["position_ids"] = torch.arange(s, device=ids.device).unsqueeze(0).expand(b, s)
         if "labels" in full:

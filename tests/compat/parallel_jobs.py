@@ -1,0 +1,111 @@
+"""Issue 38 item 6: the unchanged Hugging Face Trainer with AutoTP, and with Accelerate's Ulysses
+``ParallelismConfig``, on dscore through ``import deepspeed`` (one rank of a 2-process gloo job each;
+Accelerate creates the process group). A tiny LlamaForCausalLM built from a config, fp32, no download."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+VOCAB, SEQ, SAMPLES = 64, 16, 16
+
+
+def _llama() -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=SEQ)
+    return LlamaForCausalLM(cfg)
+
+
+class _Tokens:
+    """``SAMPLES`` fixed random sequences; labels are the inputs (causal LM)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(5)
+        self.ids = torch.randint(0, VOCAB, (SAMPLES, SEQ), generator=g, device="cpu")
+
+    def __len__(self) -> int:
+        return SAMPLES
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i].clone()}
+
+
+def _ds_config(stage: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+        "zero_optimization": {"stage": stage},
+        # from the config: under AutoTP dscore refuses a client optimizer instance (the Trainer's own AdamW
+        # would hold the unsplit parameters; DeepSpeed remaps them, dscore does not yet)
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                  "weight_decay": "auto"}},
+        **extra,
+    }
+
+
+def _train(out_dir: str, ds_config: dict[str, Any], **training_args: Any) -> dict[str, Any]:
+    from transformers import Trainer, TrainingArguments, set_seed
+
+    set_seed(42)
+    model = _llama()
+    args = TrainingArguments(
+        output_dir=out_dir, deepspeed=ds_config, use_cpu=True, per_device_train_batch_size=2,
+        gradient_accumulation_steps=1, learning_rate=1e-3, max_steps=3, logging_steps=1, save_strategy="no",
+        report_to=[], seed=42, dataloader_num_workers=0, disable_tqdm=True, **training_args,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
+    trainer.train()
+    engine = trainer.model_wrapped
+    losses = {int(h["step"]): float(h["loss"]) for h in trainer.state.log_history if "loss" in h}
+    mesh = engine.runtime.mesh
+    return {
+        "losses": losses,
+        "engine": type(engine).__name__,
+        "batch": (engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+                  engine.gradient_accumulation_steps()),
+        "mesh": (mesh.dp_size, mesh.sp_size, mesh.tp_size),
+    }
+
+
+def trainer_autotp_job(root: str, stages: tuple[int, ...] = (1, 2)) -> dict[int, dict[str, Any]]:
+    """The Trainer with ``tensor_parallel.autotp_size: 2`` at each ZeRO stage in turn (same processes)."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    out: dict[int, dict[str, Any]] = {}
+    for stage in stages:
+        out[stage] = _train(os.path.join(root, f"tp{stage}"), _ds_config(stage, tensor_parallel={"autotp_size": 2}))
+        AcceleratorState._reset_state(reset_partial_state=False)
+        PartialState(cpu=True)
+    return out
+
+
+def initialize_with_ulysses_mpu_job() -> dict[str, Any]:
+    """What Accelerate's ``ParallelismConfig(sp_backend="deepspeed", sp_size=2)`` hands ``deepspeed.initialize``:
+    the mesh of ``UlyssesSPAttentionHF.register_with_transformers`` as ``mpu`` and a config without
+    ``sequence_parallel_size``, its ``train_batch_size`` = micro x accumulation x data-parallel size (1)."""
+    import deepspeed
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    model = _llama()
+    mpu = UlyssesSPAttentionHF.register_with_transformers(
+        model_name_or_path=model, sequence_parallel_size=2, seq_length=SEQ, seq_length_is_variable=False,
+        core_attn_implementation="sdpa", micro_batch_size=2)
+    model.set_attn_implementation("ulysses")
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+    engine, _, _, _ = deepspeed.initialize(model=model, config_params=config, mpu=mpu)
+    out = {
+        "batch": (engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
+                  engine.gradient_accumulation_steps()),
+        "mesh_is_mpu": engine.runtime.mesh is mpu,
+        "sequence_parallel_size": engine.config.sequence_parallel_size,
+        "dp_world_size": engine.dp_world_size,
+    }
+    engine.close()
+    return out
