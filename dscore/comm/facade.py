@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import torch.distributed as dist
 
+from dscore.comm import objects
 from dscore.comm.instrument import instrumentable
 from dscore.comm.transports import Transport, current_registry, default_registry, pick, registered_transports
 from dscore.comm.transports.native import NativeTransport
@@ -139,10 +140,17 @@ class Comm:
             collectives and the emulations it switched to).
         registry: the registry given, or the runtime's current at construction (None: resolved at the
             first collective that may leave the backend).
+        accelerator: the accelerator whose current device :meth:`all_gather_object` and
+            :meth:`broadcast_object` use on a device backend (set by ``init_distributed``, kept by
+            :meth:`bound_to`; None: torch's current accelerator).
 
     Raises:
         DistributedError: ``emulate`` names an operation that cannot be emulated.
     """
+
+    #: the accelerator whose current device object collectives use on a group that takes no host tensors
+    #: (:func:`dscore.comm.objects.object_device`); ``init_distributed`` sets it, None: torch's current one
+    accelerator: Any = None
 
     #: the process's owner of the default group dscore created (:data:`dscore.comm.init.PROCESS_GROUP_OWNER`,
     #: which installs itself here): :meth:`destroy` asks it
@@ -259,6 +267,7 @@ class Comm:
         """
         other = Comm(group, backend=self.backend, env=self.env, registry=self.registry)
         other.native = self.native.copy()
+        other.accelerator = self.accelerator
         return other
 
     @property
@@ -506,22 +515,24 @@ class Comm:
         return Work([dist.irecv(tensor, int(src), group=self._group(group), tag=int(tag))])
 
     def all_gather_object(self, obj: Any, group: Any = None) -> list[Any]:
-        """Every rank's picklable ``obj``, in rank order (``[obj]`` on one rank)."""
+        """Every rank's picklable ``obj``, in rank order (``[obj]`` on one rank).
+
+        Runs :func:`dscore.comm.objects.all_gather_object` (a length exchange, then a padded ``uint8``
+        all-gather on the group's :func:`~dscore.comm.objects.object_device`), not torch's, which needs
+        numpy to unpickle.
+        """
         grp = self._group(group)
-        world = self.get_world_size(grp)
-        if world == 1:
+        if self.get_world_size(grp) == 1:
             return [obj]
-        out: list[Any] = [None] * world
-        dist.all_gather_object(out, obj, group=grp)
-        return out
+        return objects.all_gather_object(obj, grp, accelerator=self.accelerator)
 
     def broadcast_object(self, obj: Any, src: int = 0, group: Any = None) -> Any:
-        """Global rank ``src``'s picklable ``obj`` on every rank."""
-        if self.get_world_size(self._group(group)) == 1:
+        """Global rank ``src``'s picklable ``obj`` on every rank (:func:`dscore.comm.objects.broadcast_object`:
+        no numpy needed)."""
+        grp = self._group(group)
+        if self.get_world_size(grp) == 1:
             return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=int(src), group=self._group(group))
-        return box[0]
+        return objects.broadcast_object(obj, int(src), grp, accelerator=self.accelerator)
 
     def barrier(self, group: Any = None) -> None:
         """Block until every rank of the group reaches the barrier (no-op on one rank)."""

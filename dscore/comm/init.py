@@ -471,6 +471,7 @@ def init_distributed(
         manager.call("dscore_distributed_initialized", rank=env.rank, world_size=env.world_size, backend=spec.name)
 
     comm = Comm(None, backend=backend_name, env=env, owns_group=created, registry=reg)
+    comm.accelerator = accelerator  # object collectives on a device backend use its current device
     if verify_plugins and comm.get_world_size() > 1:
         try:
             ensure_all_arrived("initialize")

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from dscore.comm.objects import tensor_bytes
+
 __all__ = ["derived_seed", "restore_rng", "rng_states", "seed_everything"]
 
 logger = logging.getLogger("dscore.checkpoint")
@@ -50,7 +52,7 @@ def restore_rng(acc: Any, tensors: dict[str, torch.Tensor], other: dict[str, Any
 def derived_seed(tag: str, rank: int, rank0_cpu_state: torch.Tensor) -> int:
     """Seed for a rank that did not exist at save time: sha256(tag, rank, rank 0's saved CPU RNG state)."""
     h = hashlib.sha256(f"dscore-rng:{tag}:{rank}:".encode())
-    h.update(rank0_cpu_state.numpy().tobytes())
+    h.update(tensor_bytes(rank0_cpu_state))  # not .numpy(): numpy is optional
     return int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from dscore.comm.objects import tensor_bytes
 from dscore.errors import CheckpointError
 from dscore.persistence import savedir as L
 from dscore.persistence.tensorfile import DTYPE_CODES
@@ -331,7 +332,7 @@ class _StreamFile:
         """Write 1-D ``data`` (cast to the tensor's dtype) at element ``elem_offset`` of tensor ``name``."""
         base, dtype, nbytes = self.offsets[name]
         t = data.detach().to(dtype=dtype).contiguous()
-        raw = t.numpy().tobytes() if dtype != torch.bfloat16 else t.view(torch.int16).numpy().tobytes()
+        raw = tensor_bytes(t)  # not .numpy(): numpy is optional (and has no bfloat16)
         start = base + elem_offset * t.element_size()
         if start + len(raw) > base + nbytes:
             raise CheckpointError(

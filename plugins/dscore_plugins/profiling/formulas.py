@@ -184,8 +184,19 @@ def _elementwise(input: Any, other: Any, *args: Any, **kwargs: Any) -> tuple[int
 
 
 def einsum_flops(equation: str, shapes: Sequence[Sequence[int]]) -> int:
-    """numpy's optimal contraction path cost, as DeepSpeed counts einsum (letters renamed canonically)."""
-    import numpy as np
+    """numpy's optimal contraction path cost, as DeepSpeed counts einsum (letters renamed canonically).
+
+    Raises:
+        FlopsProfilerError: numpy is not installed (dscore does not depend on it; the ``profiling`` extra
+            installs it), or numpy's path report has no flop count.
+    """
+    try:
+        import numpy as np
+    except ImportError as exc:
+        raise FlopsProfilerError(
+            f"the flops profiler counts torch.einsum ({equation!r}) with numpy's einsum_path, and numpy cannot "
+            f"be imported ({exc}); install it: pip install 'dscore[profiling]' (or pip install numpy)"
+        ) from exc
 
     equation = equation.replace(" ", "")
     order: dict[str, int] = {}

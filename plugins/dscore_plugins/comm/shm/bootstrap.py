@@ -31,6 +31,7 @@ from typing import Any
 import torch.distributed as dist
 
 from dscore import process
+from dscore.comm.objects import all_gather_object
 from dscore.errors import DscoreError
 from dscore_plugins.comm.shm.channel import ShmChannel
 from dscore_plugins.comm.shm.segments import ALIGN, SEALS, Peer, Segment, map_readonly, outbox_limit
@@ -196,8 +197,7 @@ def _set_up(grp: Any, world: int, rank: int) -> ShmChannel | None:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     except (OSError, DscoreError) as exc:
         log.info("shared-memory exchange unavailable here (%s); gloo carries the payloads", exc)
-    info: list[Any] = [None] * world
-    dist.all_gather_object(info, (host, os.getpid(), token, listener is not None), group=grp)
+    info = all_gather_object((host, os.getpid(), token, listener is not None), grp)
     token = info[0][2]  # group rank 0's: this job's name space
     ok = listener is not None and all(i[0] == host and i[3] for i in info)
     if ok and listener is not None:
@@ -208,8 +208,7 @@ def _set_up(grp: Any, world: int, rank: int) -> ShmChannel | None:
         except OSError as exc:
             log.info("cannot listen for shared-memory set-up (%s); gloo carries the payloads", exc)
             ok = False
-    votes: list[Any] = [None] * world
-    dist.all_gather_object(votes, ok, group=grp)  # everyone listens before anyone connects
+    votes = all_gather_object(ok, grp)  # everyone listens before anyone connects
     peers: list[Peer | None] = []
     ok = all(votes)
     if ok and control is not None and outbox is not None and listener is not None:
@@ -220,7 +219,7 @@ def _set_up(grp: Any, world: int, rank: int) -> ShmChannel | None:
             ok = False
     if listener is not None:
         listener.close()
-    dist.all_gather_object(votes, ok, group=grp)
+    votes = all_gather_object(ok, grp)
     if not all(votes) or control is None or outbox is None:
         for p in peers:
             if p is not None:
