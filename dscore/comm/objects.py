@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dscore.errors import DistributedError
+
 __all__ = ["all_gather_object", "broadcast_object", "object_device", "object_from_tensor", "object_to_tensor",
            "tensor_bytes"]
 
@@ -103,6 +105,27 @@ def object_device(group: Any = None, accelerator: Any = None) -> torch.device:
     return torch.device("cpu")
 
 
+#: the length a rank sends when its object cannot be pickled, so every rank raises instead of the others
+#: waiting for a payload that never comes
+_FAILED = -1
+
+
+def _pickled(obj: Any, device: torch.device) -> tuple[torch.Tensor, BaseException | None]:
+    try:
+        return object_to_tensor(obj, device), None
+    except Exception as exc:  # pickle's errors vary (PicklingError, TypeError, AttributeError, ...)
+        return torch.empty(0, dtype=torch.uint8, device=device), exc
+
+
+def _raise_if_failed(call: str, lengths: list[int], group: Any, failure: BaseException | None) -> None:
+    bad = [i for i, n in enumerate(lengths) if n == _FAILED]
+    if not bad:
+        return
+    ranks = [dist.get_global_rank(group, i) if group is not None else i for i in bad]
+    detail = f" (here: {type(failure).__name__}: {failure})" if failure is not None else ""
+    raise DistributedError(f"{call}: the object of rank(s) {ranks} cannot be pickled{detail}") from failure
+
+
 def all_gather_object(
     obj: Any, group: Any = None, *, device: torch.device | str | None = None, accelerator: Any = None
 ) -> list[Any]:
@@ -113,7 +136,8 @@ def all_gather_object(
     (default :func:`object_device` of ``group`` and ``accelerator``). Without a process group, or on a one-rank group, returns ``[obj]``.
 
     Raises:
-        pickle.PicklingError, TypeError, AttributeError: ``obj`` cannot be pickled.
+        DistributedError: on every rank, when some rank's ``obj`` cannot be pickled (names the ranks; the
+            pickling error is the cause on those ranks), so no rank waits for a payload that never comes.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return [obj]
@@ -121,11 +145,12 @@ def all_gather_object(
     if world == 1:
         return [obj]
     dev = torch.device(device) if device is not None else object_device(group, accelerator)
-    payload = object_to_tensor(obj, dev)
-    size = torch.tensor([payload.numel()], dtype=torch.int64, device=dev)
+    payload, failure = _pickled(obj, dev)
+    size = torch.tensor([payload.numel() if failure is None else _FAILED], dtype=torch.int64, device=dev)
     sizes = [torch.empty(1, dtype=torch.int64, device=dev) for _ in range(world)]
     dist.all_gather(sizes, size, group=group)
     lengths = [int(s.item()) for s in sizes]
+    _raise_if_failed("all_gather_object", lengths, group, failure)
     longest = max(lengths)
     padded = torch.zeros(longest, dtype=torch.uint8, device=dev)
     padded[: payload.numel()].copy_(payload)
@@ -144,7 +169,7 @@ def broadcast_object(
     :func:`object_device` of ``group`` and ``accelerator``). Without a process group, or on a one-rank group, returns ``obj``.
 
     Raises:
-        pickle.PicklingError, TypeError, AttributeError: ``src``'s ``obj`` cannot be pickled.
+        DistributedError: on every rank, when ``src``'s ``obj`` cannot be pickled.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return obj
@@ -152,9 +177,17 @@ def broadcast_object(
         return obj
     dev = torch.device(device) if device is not None else object_device(group, accelerator)
     mine = dist.get_rank() == int(src)
-    payload = object_to_tensor(obj, dev) if mine else None
-    size = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64, device=dev)
+    payload, failure = _pickled(obj, dev) if mine else (None, None)
+    if failure is not None:
+        payload = None
+    count = _FAILED if failure is not None else (payload.numel() if payload is not None else 0)
+    size = torch.tensor([count], dtype=torch.int64, device=dev)
     dist.broadcast(size, src=int(src), group=group)
+    if int(size.item()) == _FAILED:
+        raise DistributedError(
+            f"broadcast_object: the object of source rank {int(src)} cannot be pickled"
+            + (f" ({type(failure).__name__}: {failure})" if failure is not None else "")
+        ) from failure
     if payload is None:
         payload = torch.empty(int(size.item()), dtype=torch.uint8, device=dev)
     dist.broadcast(payload, src=int(src), group=group)

@@ -59,6 +59,18 @@ def _check_objects() -> dict:
         comm.agree(ValueError("bad input") if rank == 0 else None, "a phase")
     except Exception as exc:  # noqa: BLE001 - the error is the result
         out["agree"] = str(exc)
+    # an object one rank cannot pickle: every rank raises (no rank waits for a payload that never comes),
+    # and the group still works afterwards
+    unpicklable = (lambda: None) if rank == 1 else rank
+    try:
+        comm.all_gather_object(unpicklable)
+    except Exception as exc:  # noqa: BLE001 - the error is the result
+        out["gather_failure"] = f"{type(exc).__name__}: {exc}"
+    try:
+        broadcast_object(unpicklable, src=1)
+    except Exception as exc:  # noqa: BLE001 - the error is the result
+        out["broadcast_failure"] = f"{type(exc).__name__}: {exc}"
+    out["after"] = comm.all_gather_object(rank)
     return out
 
 
@@ -72,3 +84,11 @@ def test_object_collectives_do_not_use_torch_decoder() -> None:
         assert results[r]["bound_broadcast"] == "one"
     assert "sub_gather" not in results[0]
     assert all(r["agree"] == "a phase failed (on rank 0): ValueError: bad input" for r in results)
+    for res in results:
+        assert res["gather_failure"].startswith(
+            "DistributedError: all_gather_object: the object of rank(s) [1] cannot be pickled"
+        ), res
+        assert res["broadcast_failure"].startswith(
+            "DistributedError: broadcast_object: the object of source rank 1 cannot be pickled"
+        ), res
+        assert res["after"] == [0, 1, 2]
