@@ -34,19 +34,20 @@ class _Tokens:
         return {"input_ids": self.ids[i], "labels": self.ids[i].clone()}
 
 
-def _ds_config(stage: int, **extra: Any) -> dict[str, Any]:
-    return {
+def _ds_config(stage: int, *, optimizer_block: bool = True, **extra: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": "auto",
         "gradient_accumulation_steps": "auto",
         "train_batch_size": "auto",
         "gradient_clipping": "auto",
         "zero_optimization": {"stage": stage},
-        # from the config: under AutoTP dscore refuses a client optimizer instance (the Trainer's own AdamW
-        # would hold the unsplit parameters; DeepSpeed remaps them, dscore does not yet)
-        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
-                                                  "weight_decay": "auto"}},
         **extra,
     }
+    if optimizer_block:
+        # without it the Trainer builds its own torch AdamW (two groups: decay / no decay) over the unsplit model
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                        "weight_decay": "auto"}}
+    return cfg
 
 
 def _train(out_dir: str, ds_config: dict[str, Any], **training_args: Any) -> dict[str, Any]:
@@ -83,6 +84,45 @@ def trainer_autotp_job(root: str, stages: tuple[int, ...] = (1, 2)) -> dict[int,
         AcceleratorState._reset_state(reset_partial_state=False)
         PartialState(cpu=True)
     return out
+
+
+def trainer_own_optimizer_job(root: str, tp: int) -> dict[int, dict[str, Any]]:
+    """Item 6, first gap: no ``optimizer`` block, so the Trainer builds its own torch AdamW (decay / no-decay
+    groups, weight decay 5: large enough that losing it moves the losses past the tests' tolerance) over the
+    unsplit model and passes it to ``initialize``; at ZeRO 1 and 2 with
+    ``tensor_parallel.autotp_size: tp`` (``tp`` 1: the one-process reference, no tensor parallelism)."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    out: dict[int, dict[str, Any]] = {}
+    for stage in (1, 2):
+        extra = {"tensor_parallel": {"autotp_size": tp}} if tp > 1 else {}
+        cfg = _ds_config(stage, optimizer_block=False, **extra)
+        out[stage] = _train(os.path.join(root, f"own{tp}-{stage}"), cfg, weight_decay=5.0)
+        AcceleratorState._reset_state(reset_partial_state=False)
+        PartialState(cpu=True)
+    if tp > 1:
+        out[0] = {"refused": _stepped_optimizer_refused(tp)}
+    return out
+
+
+def _stepped_optimizer_refused(tp: int) -> str:
+    """A client optimizer that has already stepped holds unsplit-shaped state: refused, naming where."""
+    import torch
+
+    import dscore
+    from dscore.errors import ConfigError
+
+    model = _llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.zeros(1, 4, dtype=torch.long)).logits.sum().backward()
+    opt.step()
+    cfg = {"train_batch_size": 2, "zero_optimization": {"stage": 1}, "tensor_parallel": {"autotp_size": tp},
+           "zero_allow_untested_optimizer": True}
+    try:
+        dscore.initialize(model=model, optimizer=opt, config=cfg)
+    except ConfigError as e:
+        return str(e)
+    return "accepted"
 
 
 def initialize_with_ulysses_mpu_job() -> dict[str, Any]:

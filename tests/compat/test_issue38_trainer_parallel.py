@@ -40,3 +40,26 @@ def test_initialize_takes_the_batch_world_size_and_sp_degree_from_the_mpu() -> N
     results = run_distributed(parallel_jobs.initialize_with_ulysses_mpu_job, 2, timeout=300)
     for r in results:
         assert r == {"batch": (2, 2, 1), "mesh_is_mpu": True, "sequence_parallel_size": 2, "dp_world_size": 1}
+
+
+def test_trainer_own_optimizer_trains_under_autotp_as_one_process(tmp_path) -> None:
+    """No ``optimizer`` block: the Trainer builds torch AdamW over the unsplit model (decay / no-decay groups,
+    weight decay 5) and passes it to ``initialize``; its groups are remapped onto the split parameters
+    (DeepSpeed 0.19.8 remaps a client optimizer after module replacement), keeping each group's weight decay
+    and the Trainer's LR schedule, so the losses equal one process's without tensor parallelism (one data-
+    parallel rank in both: the same two samples per step)."""
+    reference = run_distributed(parallel_jobs.trainer_own_optimizer_job, 1, str(tmp_path / "ref"), 1,
+                                timeout=300, init_process_group=False)[0]
+    results = run_distributed(parallel_jobs.trainer_own_optimizer_job, 2, str(tmp_path), 2, timeout=600,
+                              init_process_group=False)
+    for stage in (1, 2):
+        assert reference[stage]["mesh"] == (1, 1, 1)
+        for r in results:
+            assert r[stage]["mesh"] == (1, 1, 2) and r[stage]["batch"] == (4, 2, 1)
+            assert sorted(r[stage]["losses"]) == [1, 2, 3]
+            assert r[stage]["losses"] == pytest.approx(reference[stage]["losses"], abs=1e-5)
+    assert reference[1]["losses"][3] != pytest.approx(reference[1]["losses"][1], abs=1e-3)  # it trained
+    # an optimizer that already stepped holds state of the unsplit shapes: refused, naming the group
+    for r in results:
+        assert "param_groups[0] position 0" in r[0]["refused"] and "exp_avg" in r[0]["refused"]
+        assert "tensor_parallel.autotp_size" in r[0]["refused"]
