@@ -149,3 +149,60 @@ def initialize_with_ulysses_mpu_job() -> dict[str, Any]:
     }
     engine.close()
     return out
+
+
+def groups_outside_engine_calls_job() -> dict[str, Any]:
+    """Item 6, second gap: ``deepspeed.utils.groups`` called outside any engine call, as Accelerate's
+    ``deepspeed_ulysses_dl_adapter`` and the Trainer's sequence-parallel loss do: before ``initialize`` (the
+    mpu ``register_with_transformers`` built), after it (the live engine's mesh), with a second live engine of
+    another mesh (refused, naming both), and once every engine is closed and the mpu dropped (refused)."""
+    import gc
+
+    import deepspeed
+    import torch.distributed as dist
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from deepspeed.utils import groups
+
+    from dscore.errors import DscoreError
+
+    def read() -> tuple[Any, ...]:
+        return (groups._get_sequence_parallel_world_size(), groups._get_sequence_parallel_rank(),
+                groups._get_data_parallel_world_size(), groups._get_data_parallel_rank(),
+                groups.get_tensor_model_parallel_world_size(), groups._get_model_parallel_world_size(),
+                groups._get_sequence_data_parallel_world_size())
+
+    def refusal() -> str:
+        try:
+            read()
+        except DscoreError as e:
+            return str(e)
+        return "accepted"
+
+    out: dict[str, Any] = {}
+    deepspeed.init_distributed()
+    out["nothing"] = refusal()
+    model = _llama()
+    mpu = UlyssesSPAttentionHF.register_with_transformers(
+        model_name_or_path=model, sequence_parallel_size=2, seq_length=SEQ, seq_length_is_variable=False,
+        core_attn_implementation="sdpa", micro_batch_size=2)
+    model.set_attn_implementation("ulysses")
+    out["before"] = read()
+    out["before_group"] = groups._get_sequence_parallel_group() is mpu.get_sequence_parallel_group()
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2,
+              "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+    engine, _, _, _ = deepspeed.initialize(model=model, config_params=config, mpu=mpu)
+    del mpu
+    gc.collect()
+    out["after"] = read()
+    group = groups._get_sequence_parallel_group()
+    out["after_group"] = group is engine.runtime.mesh.get_sequence_parallel_group() and dist.get_world_size(group) == 2
+    plain = _llama()  # a plain data-parallel engine (dp 2) beside the Ulysses one (sp 2)
+    other, _, _, _ = deepspeed.initialize(model=plain, config_params={
+        "train_batch_size": 4, "train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})
+    out["two"] = refusal()
+    other.close()
+    out["one_closed"] = read()
+    engine.close()
+    gc.collect()
+    out["all_closed"] = refusal()
+    return out

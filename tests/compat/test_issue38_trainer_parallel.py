@@ -63,3 +63,19 @@ def test_trainer_own_optimizer_trains_under_autotp_as_one_process(tmp_path) -> N
     for r in results:
         assert "param_groups[0] position 0" in r[0]["refused"] and "exp_avg" in r[0]["refused"]
         assert "tensor_parallel.autotp_size" in r[0]["refused"]
+
+
+def test_deepspeed_groups_work_outside_engine_calls() -> None:
+    """``deepspeed.utils.groups`` after ``initialize`` outside any engine call reads the live engine's mesh
+    (what Accelerate's Ulysses data-loader adapter and the Trainer's sequence-parallel loss call); before it,
+    the mesh ``register_with_transformers`` built; two live engines with different meshes are refused naming
+    both; nothing live: refused."""
+    results = run_distributed(parallel_jobs.groups_outside_engine_calls_job, 2, timeout=300)
+    for rank, r in enumerate(results):
+        assert "no parallel mesh is current" in r["nothing"]
+        # (sp, sp rank, dp, dp rank, tp, model parallel, sp x dp): rank r is sequence-parallel rank r
+        assert r["before"] == r["after"] == r["one_closed"] == (2, rank, 1, 0, 1, 1, 2)
+        assert r["before_group"] and r["after_group"]
+        assert "two live engines have different parallel meshes" in r["two"]
+        assert "dp 1 x sp 2 x tp 1" in r["two"] and "dp 2 x sp 1 x tp 1" in r["two"]
+        assert "no parallel mesh is current" in r["all_closed"]
