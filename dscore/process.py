@@ -153,6 +153,19 @@ POLICIES: tuple[ProcessPolicy, ...] = (
         "lists it as stale.",
     ),
     ProcessPolicy(
+        "process_mesh",
+        "a process-wide list of weak references to the engines `dscore.initialize` built (and to the meshes "
+        "`UlyssesSPAttentionHF.register_with_transformers` built before one), so the group accessors "
+        "(`dscore.parallel.groups`, `deepspeed.utils.groups`) called outside an engine call read the mesh of "
+        "the live engines (the most recent; two live engines with different meshes are an error naming "
+        "both), else the most recent live mesh noted since the last `initialize`.",
+        "at every `dscore.initialize`, once the engine is built, and at every `register_with_transformers`; "
+        "an engine leaves the list at `close()` or when it is collected.",
+        "the accessors work only inside `engine.forward` / `backward` / `step` or under "
+        "`dscore.runtime.context.use_runtime(engine.runtime)`; elsewhere (Accelerate's Ulysses data-loader "
+        "adapter, the Trainer's sequence-parallel loss) they raise \"no parallel mesh is current\".",
+    ),
+    ProcessPolicy(
         "rendezvous_env",
         "`os.environ.setdefault` of the discovered `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, "
         "`MASTER_PORT` (only variables not set yet), as DeepSpeed does.",

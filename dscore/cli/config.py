@@ -1,6 +1,6 @@
 """``dscore config check FILE [--world-size N] [--json] [--lenient]``: validate a ds_config.
 
-Prints the resolved values (the batch triangle for the given data-parallel world size, ZeRO stage,
+Prints the resolved values (the batch triangle for the given number of processes, ZeRO stage,
 precision, optimizer, scheduler, offload devices) and every warning. Exit codes: 0 valid, 2 invalid
 (with ``--json``: ``{"error": {"type", "path", "message"}}`` on stdout; never a traceback).
 """
@@ -104,12 +104,13 @@ def run(args: argparse.Namespace) -> int:
     from dscore.errors import ConfigError, DscoreError
 
     try:
-        world_size, where = _world_size(args)
+        processes, where = _world_size(args)
         from dscore.config.loader import read_source
-        from dscore.parallel.mesh import batch_world_size
+        from dscore.parallel.mesh import batch_world_size, raw_mesh_degrees
 
+        raw = read_source(args.file)[0]
         # as dscore.initialize (without an mpu): DeepSpeed's world size for the triangle
-        world_size, where = batch_world_size(world_size, read_source(args.file)[0], source=where)
+        world_size, where = batch_world_size(processes, raw, source=where)
         cfg = load_config(
             args.file, world_size=world_size, strict=False if args.lenient else None, world_size_source=where
         )
@@ -129,7 +130,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
-    print(f"{cfg.source_name} is valid for a data-parallel world size of {world_size} ({_world_size_origin(args)}).")
+    tp, sp = raw_mesh_degrees(raw)
+    line = f"{cfg.source_name} is valid for {processes} process{'' if processes == 1 else 'es'} ({_world_size_origin(args)})"
+    if tp > 1 or sp > 1:
+        # the triangle's world size is not the data-parallel size under tensor / sequence parallelism
+        line += (f"; data-parallel size {processes // (tp * sp)} (tp {tp} x sp {sp}), batch triangle world size "
+                 f"{world_size} ({where})")
+    print(line + ".")
     for key, value in data.items():
         if key in {"config", "warnings", "source", "world_size", "pending_auto"}:
             continue

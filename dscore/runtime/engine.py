@@ -668,6 +668,11 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
 
                 PROCESS_GROUP_OWNER.release()
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` ran (a closed engine no longer gives the group accessors their mesh)."""
+        return self._closed
+
     def destroy(self) -> None:
         """DeepSpeed's name for :meth:`close`."""
         self.close()

@@ -200,6 +200,9 @@ def initialize(
         _check_engine_used_mesh(engine, engine_spec.name, runtime.mesh)
         log.info("engine %s built (%s)", engine_spec.name, type(engine).__name__)
         runtime.plugin_manager.call("dscore_engine_created", engine=engine)
+        from dscore.parallel.groups import note_engine
+
+        note_engine(engine)  # the group accessors' mesh outside engine calls (policy process_mesh)
         return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 
 

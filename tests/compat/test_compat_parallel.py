@@ -54,7 +54,7 @@ def test_deepspeed_parallel_names_are_dscores_objects() -> None:
                  "_get_zero_param_intra_parallel_group_ranks"):
         assert getattr(groups, name) is getattr(dgroups, name.lstrip("_")), name
     for name in dgroups.__all__:
-        if name != "current_mesh":
+        if name not in ("current_mesh", "note_engine", "note_mesh"):
             assert getattr(groups, name) is getattr(dgroups, name), name
     assert deepspeed.runtime.sequence_parallel.ulysses_sp.TiledMLP is TiledMLP
 
@@ -63,7 +63,7 @@ def test_what_dscore_lacks_is_refused_by_name() -> None:
     from deepspeed.runtime.sequence_parallel import ulysses_sp
     from deepspeed.utils import groups
 
-    for name in ("get_model_parallel_world_size", "_get_expert_parallel_group_dict", "initialize",
+    for name in ("_get_broadcast_src_rank", "_get_expert_parallel_group_dict", "initialize",
                  "_create_zero_param_parallel_group"):
         with pytest.raises(DscoreError, match=f"deepspeed.utils.groups.{name} .DeepSpeed 0.19.8. is not provided"):
             getattr(groups, name)

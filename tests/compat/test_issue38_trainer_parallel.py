@@ -40,3 +40,42 @@ def test_initialize_takes_the_batch_world_size_and_sp_degree_from_the_mpu() -> N
     results = run_distributed(parallel_jobs.initialize_with_ulysses_mpu_job, 2, timeout=300)
     for r in results:
         assert r == {"batch": (2, 2, 1), "mesh_is_mpu": True, "sequence_parallel_size": 2, "dp_world_size": 1}
+
+
+def test_trainer_own_optimizer_trains_under_autotp_as_one_process(tmp_path) -> None:
+    """No ``optimizer`` block: the Trainer builds torch AdamW over the unsplit model (decay / no-decay groups,
+    weight decay 5) and passes it to ``initialize``; its groups are remapped onto the split parameters
+    (DeepSpeed 0.19.8 remaps a client optimizer after module replacement), keeping each group's weight decay
+    and the Trainer's LR schedule, so the losses equal one process's without tensor parallelism (one data-
+    parallel rank in both: the same two samples per step)."""
+    reference = run_distributed(parallel_jobs.trainer_own_optimizer_job, 1, str(tmp_path / "ref"), 1,
+                                timeout=300, init_process_group=False)[0]
+    results = run_distributed(parallel_jobs.trainer_own_optimizer_job, 2, str(tmp_path), 2, timeout=600,
+                              init_process_group=False)
+    for stage in (1, 2):
+        assert reference[stage]["mesh"] == (1, 1, 1)
+        for r in results:
+            assert r[stage]["mesh"] == (1, 1, 2) and r[stage]["batch"] == (4, 2, 1)
+            assert sorted(r[stage]["losses"]) == [1, 2, 3]
+            assert r[stage]["losses"] == pytest.approx(reference[stage]["losses"], abs=1e-5)
+    assert reference[1]["losses"][3] != pytest.approx(reference[1]["losses"][1], abs=1e-3)  # it trained
+    # an optimizer that already stepped holds state of the unsplit shapes: refused, naming the group
+    for r in results:
+        assert "param_groups[0] position 0" in r[0]["refused"] and "exp_avg" in r[0]["refused"]
+        assert "tensor_parallel.autotp_size" in r[0]["refused"]
+
+
+def test_deepspeed_groups_work_outside_engine_calls() -> None:
+    """``deepspeed.utils.groups`` after ``initialize`` outside any engine call reads the live engine's mesh
+    (what Accelerate's Ulysses data-loader adapter and the Trainer's sequence-parallel loss call); before it,
+    the mesh ``register_with_transformers`` built; two live engines with different meshes are refused naming
+    both; nothing live: refused."""
+    results = run_distributed(parallel_jobs.groups_outside_engine_calls_job, 2, timeout=300)
+    for rank, r in enumerate(results):
+        assert "no parallel mesh is current" in r["nothing"]
+        # (sp, sp rank, dp, dp rank, tp, model parallel, sp x dp): rank r is sequence-parallel rank r
+        assert r["before"] == r["after"] == r["one_closed"] == (2, rank, 1, 0, 1, 1, 2)
+        assert r["before_group"] and r["after_group"]
+        assert "two live engines have different parallel meshes" in r["two"]
+        assert "dp 1 x sp 2 x tp 1" in r["two"] and "dp 2 x sp 1 x tp 1" in r["two"]
+        assert "no parallel mesh is current" in r["all_closed"]

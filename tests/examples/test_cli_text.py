@@ -89,12 +89,12 @@ def test_report_explains_the_accelerator_choice_once() -> None:
 def test_config_check_text_reads_as_sentences(tmp_path: Path) -> None:
     out = _dscore("config", "check", "examples/gpt/ds_config.json", "--world-size", "2").stdout
     first = out.splitlines()[0]
-    assert first == "examples/gpt/ds_config.json is valid for a data-parallel world size of 2 (from --world-size)."
+    assert first == "examples/gpt/ds_config.json is valid for 2 processes (from --world-size)."
     assert "train_batch_size = 32" in out and "offload_param_device = none" in out
     assert "pending_auto" not in out and " = -" not in out and "None" not in out
 
     out = _dscore("config", "check", "examples/mlp/ds_config.json").stdout
-    assert "world size of 1 (the default; pass --world-size N" in out.splitlines()[0]
+    assert "valid for 1 process (the default; pass --world-size N" in out.splitlines()[0]
 
     path = tmp_path / "auto.json"
     path.write_text(json.dumps({"train_batch_size": 8, "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}}))

@@ -128,3 +128,19 @@ def test_read_only_gathered_parameters_warn_once_about_a_discarded_write(caplog,
     with dscore.zero.GatheredParameters(params):
         assert torch.equal(params[0], before)  # DeepSpeed's semantics kept: the write was discarded
     engine.close()
+
+
+def test_config_check_says_what_the_world_size_means_under_autotp(tmp_path, capsys) -> None:
+    """Item 6: 'valid for a data-parallel world size of 2' was wrong under AutoTP (the data-parallel size is 1;
+    2 is the process count the batch triangle multiplies by, as DeepSpeed)."""
+    import json
+
+    from dscore.cli.main import main
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 2,
+                                "tensor_parallel": {"autotp_size": 2}}))
+    assert main(["config", "check", str(path), "--world-size", "2"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "valid for 2 processes (from --world-size)" in first
+    assert "data-parallel size 1 (tp 2 x sp 1), batch triangle world size 2" in first

@@ -161,18 +161,15 @@ def test_config_check_accepts_tensor_and_sequence_parallel(tmp_path: Path) -> No
     assert main(["config", "check", str(path), "--world-size", "4"]) == 0
 
 
-def test_autotp_accepts_fp16_refuses_client_optimizer_instances_and_a_disagreeing_dtype() -> None:
+def test_autotp_accepts_fp16_and_refuses_a_disagreeing_dtype() -> None:
     from dscore.parallel.autotp import check_tp_config
 
     cfg = load_config({"train_batch_size": 2, "tensor_parallel": {"autotp_size": 2, "dtype": "bf16"}}, world_size=1)
     with pytest.raises(ConfigError, match="tensor_parallel.dtype = 'bf16' but the precision mode is fp32"):
-        check_tp_config(cfg, precision_name="fp32", client_optimizer=None)
-    check_tp_config(cfg, precision_name="bf16", client_optimizer=None)
+        check_tp_config(cfg, precision_name="fp32")
+    check_tp_config(cfg, precision_name="bf16")
     with pytest.raises(ConfigError, match="tensor_parallel.dtype = 'bf16' but the precision mode is fp16"):
-        check_tp_config(cfg, precision_name="fp16", client_optimizer=None)
+        check_tp_config(cfg, precision_name="fp16")
     # fp16 itself is fine: the overflow verdict is the whole model's (TensorParallelStage.model_norm_sq)
     plain = load_config({"train_batch_size": 2, "tensor_parallel": {"autotp_size": 2}}, world_size=1)
-    check_tp_config(plain, precision_name="fp16", client_optimizer=None)
-    opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
-    with pytest.raises(ConfigError, match="client optimizer instance"):
-        check_tp_config(cfg, precision_name="bf16", client_optimizer=opt)
+    check_tp_config(plain, precision_name="fp16")

@@ -41,7 +41,8 @@ class AutoTPTransform(ModelTransform["TensorParallelConfig"]):
             raise ConfigError(_PIPELINE_TP_SP, path="tensor_parallel.autotp_size")
 
     def apply(self, ctx: TransformContext[TensorParallelConfig]) -> None:
-        """Check the config against the precision and client optimizer, split the model, remap the parameters.
+        """Check the config against the precision, split the model, remap the parameters and the client
+        optimizer's groups onto the split parameters.
 
         The split starts with a broadcast of the unsplit model from world rank 0 over the world
         (:func:`~dscore_plugins.parallel.autotp.plan.apply_autotp`), so every tensor of the split model is
@@ -53,26 +54,46 @@ class AutoTPTransform(ModelTransform["TensorParallelConfig"]):
             ConfigError: as :func:`~dscore_plugins.parallel.autotp.plan.check_tp_config` and
                 :func:`~dscore_plugins.parallel.autotp.plan.apply_autotp`.
         """
-        from dscore_plugins.parallel.autotp.plan import apply_autotp, check_tp_config, remap_parameters
+        from dscore_plugins.parallel.autotp.plan import (
+            apply_autotp,
+            check_tp_config,
+            remap_client_optimizer,
+            remap_parameters,
+        )
 
-        check_tp_config(ctx.config, precision_name=ctx.precision.name, client_optimizer=ctx.client_optimizer)
+        check_tp_config(ctx.config, precision_name=ctx.precision.name)
         split_here = getattr(ctx.model, "_dscore_autotp", None) is None
         apply_autotp(ctx.model, ctx.mesh, ctx.section)
         if split_here:  # every tensor is world rank 0's (sliced alike): equal over each data-parallel group
             ctx.replicas_equal = [*ctx.model.parameters(), *ctx.model.buffers()]
         ctx.model_parameters = remap_parameters(ctx.model, ctx.model_parameters)
+        remap_client_optimizer(ctx.model, ctx.client_optimizer)
 
     def adjust_stage(self, ctx: TransformContext[TensorParallelConfig], inputs: StageInputs) -> StageInputs:
-        """Groups split into replicated / sharded halves (the wrapper's norm counts each kind right)."""
+        """Groups split into replicated / sharded halves (the wrapper's norm counts each kind right).
+
+        A client optimizer instance defines the stage's groups, so its own ``param_groups`` become the halves
+        too (group ``i`` -> ``2i`` and ``2i + 1``, both with group ``i``'s hyper-parameters); a client LR
+        scheduler built over it before ``initialize`` then has the wrong number of groups and is refused by
+        the scheduler check (build it after ``initialize``, or pass it as a callable).
+        """
+        import torch
+
         from dscore.runtime.assembly import param_groups
         from dscore_plugins.parallel.autotp.stage import split_groups_for_tp
 
-        groups = param_groups(inputs.module, inputs.model_parameters, ctx.client_optimizer)
-        return StageInputs(
-            module=inputs.module,
-            model_parameters=split_groups_for_tp(groups, inputs.module),
-            config=inputs.config,
+        groups = split_groups_for_tp(
+            param_groups(inputs.module, inputs.model_parameters, ctx.client_optimizer), inputs.module
         )
+        opt = ctx.client_optimizer
+        if isinstance(opt, torch.optim.Optimizer):
+            # frozen parameters stay with their group's replicated half (the stage drops them again)
+            frozen = [[p for p in g["params"] if not p.requires_grad] for g in opt.param_groups]
+            opt.param_groups[:] = [
+                {**g, "params": list(g["params"]) + (frozen[i // 2] if i % 2 == 0 else [])}
+                for i, g in enumerate(groups)
+            ]
+        return StageInputs(module=inputs.module, model_parameters=groups, config=inputs.config)
 
     def wrap_stage(self, ctx: TransformContext[TensorParallelConfig], stage: ZeroStage, inputs: StageInputs) -> ZeroStage:
         """The stage wrapped for the model-wide gradient norm (overflow verdict, clipping, reported norm)."""

@@ -1,8 +1,12 @@
 """``deepspeed.utils.groups``: DeepSpeed's group accessors, mapped onto :mod:`dscore.parallel.groups`.
 
 The accessors read the mesh of the current dscore runtime (inside ``engine.forward`` / ``backward`` /
-``step``, or under ``dscore.runtime.context.use_runtime(engine.runtime)``); see
-:func:`dscore.parallel.groups.current_mesh`. DeepSpeed spells the sequence and sequence-data accessors
+``step``, or under ``dscore.runtime.context.use_runtime(engine.runtime)``), elsewhere the mesh of the live
+engines ``deepspeed.initialize`` built (two live engines with different meshes: an error naming both), else
+the mesh ``register_with_transformers`` built; see :func:`dscore.parallel.groups.current_mesh`. DeepSpeed
+0.19.8 itself answers ``_get_sequence_parallel_world_size() == 1`` (and raises ``KeyError`` for the group)
+before ``initialize`` has seen the mpu, and ``_get_data_parallel_world_size() is None`` with a Ulysses mpu;
+dscore gives the mesh's real values. DeepSpeed spells the sequence and sequence-data accessors
 with a leading underscore (``_get_sequence_parallel_group``, what Accelerate and transformers call); dscore's
 public spellings (``get_sequence_parallel_group``) are here too. The expert accessors
 (``_get_expert_parallel_group(group_name)`` and the world size / rank of it and of the expert-data-parallel
@@ -28,6 +32,9 @@ from dscore.parallel.groups import (
     get_expert_parallel_group,
     get_expert_parallel_rank,
     get_expert_parallel_world_size,
+    get_model_parallel_group,
+    get_model_parallel_rank,
+    get_model_parallel_world_size,
     get_sequence_data_parallel_group,
     get_sequence_data_parallel_rank,
     get_sequence_data_parallel_world_size,
@@ -36,6 +43,7 @@ from dscore.parallel.groups import (
     get_sequence_parallel_world_size,
     get_tensor_model_parallel_group,
     get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_src_rank,
     get_tensor_model_parallel_world_size,
     get_zero_param_intra_parallel_group,
     get_zero_param_intra_parallel_group_ranks,
@@ -47,6 +55,7 @@ from dscore.parallel.groups import (
 _get_data_parallel_group = get_data_parallel_group
 _get_data_parallel_rank = get_data_parallel_rank
 _get_data_parallel_world_size = get_data_parallel_world_size
+_get_model_parallel_world_size = get_model_parallel_world_size
 _get_sequence_data_parallel_group = get_sequence_data_parallel_group
 _get_sequence_data_parallel_rank = get_sequence_data_parallel_rank
 _get_sequence_data_parallel_world_size = get_sequence_data_parallel_world_size
@@ -74,6 +83,7 @@ __all__ = [
     "_get_data_parallel_group",
     "_get_data_parallel_rank",
     "_get_data_parallel_world_size",
+    "_get_model_parallel_world_size",
     "_get_sequence_data_parallel_group",
     "_get_sequence_data_parallel_rank",
     "_get_sequence_data_parallel_world_size",
@@ -87,6 +97,9 @@ __all__ = [
     "get_data_parallel_group",
     "get_data_parallel_rank",
     "get_data_parallel_world_size",
+    "get_model_parallel_group",
+    "get_model_parallel_rank",
+    "get_model_parallel_world_size",
     "get_sequence_data_parallel_group",
     "get_sequence_data_parallel_rank",
     "get_sequence_data_parallel_world_size",
@@ -95,6 +108,7 @@ __all__ = [
     "get_sequence_parallel_world_size",
     "get_tensor_model_parallel_group",
     "get_tensor_model_parallel_rank",
+    "get_tensor_model_parallel_src_rank",
     "get_tensor_model_parallel_world_size",
     "get_zero_param_intra_parallel_group",
     "get_zero_param_intra_parallel_group_ranks",
@@ -105,9 +119,7 @@ __all__ = [
 # DeepSpeed 0.19.8's other names in deepspeed.utils.groups, which dscore does not provide
 _NOT_PROVIDED = frozenset({
     "initialize", "set_tensor_model_parallel_world_size", "set_tensor_model_parallel_rank",
-    "get_model_parallel_group", "get_model_parallel_world_size", "get_model_parallel_rank",
-    "get_tensor_model_parallel_src_rank", "mesh_device",
-    "_get_data_parallel_group_ranks", "_get_broadcast_src_rank", "_get_model_parallel_world_size",
+    "mesh_device", "_get_data_parallel_group_ranks", "_get_broadcast_src_rank",
     "_clone_world_group", "_get_local_all_to_all_group",
     "_create_model_parallel", "_create_expert_and_data_parallel", "_create_expert_data_and_model_parallel",
     "_get_expert_parallel_ranks", "_get_max_expert_size", "_get_max_expert_size_name",

@@ -20,9 +20,13 @@ The split starts from one model: :func:`apply_autotp` first broadcasts the unspl
 buffers from world rank 0 over the world, so a rank-dependent seed cannot make the tensor ranks slice
 different weights (DeepSpeed 0.19.8 assumes an equal seed there).
 
-What is refused with tensor parallelism (``ConfigError`` naming the key): a client optimizer *instance* (its
-groups hold the unsplit parameters); a model built under ``dscore.zero.Init`` (its partitions cannot be
-sliced; DeepSpeed 0.19.8 gathers them first, dscore does not yet). fp16 and bf16 are both supported: the gradient norm, the overflow verdict
+A client optimizer *instance* (the Hugging Face Trainer's own AdamW when the ds_config has no ``optimizer``
+block) was built over the unsplit parameters: :func:`remap_client_optimizer` re-points each of its groups at
+the split successors, position for position, keeping every group's hyper-parameters (DeepSpeed 0.19.8's
+engine remaps a client optimizer after module replacement too); one that already holds state for a replaced
+parameter is refused, since that state has the unsplit shape. Refused with tensor parallelism
+(``ConfigError`` naming the key): a model built under ``dscore.zero.Init`` (its partitions cannot be sliced;
+DeepSpeed 0.19.8 gathers them first, dscore does not yet). fp16 and bf16 are both supported: the gradient norm, the overflow verdict
 (so the skip and the loss scaler's update) and clipping are the whole model's, agreed in one all-reduce over
 every rank (:class:`dscore_plugins.parallel.autotp.stage.TensorParallelStage`): the global norm counts every
 shard once and every replicated parameter once. A checkpoint of a tensor-parallel run holds full tensors
@@ -61,6 +65,7 @@ __all__ = [
     "apply_autotp",
     "check_tp_config",
     "plan_autotp",
+    "remap_client_optimizer",
     "remap_parameters",
     "tp_model_init",
     "tp_params_of",
@@ -108,12 +113,11 @@ class Rule:
     gather_output: bool = False
 
 
-def check_tp_config(cfg: Any, *, precision_name: str, client_optimizer: Any) -> None:
+def check_tp_config(cfg: Any, *, precision_name: str) -> None:
     """Refuse what AutoTP training cannot honour (see the module docstring).
 
     Raises:
-        ConfigError: ``activation_checkpointing.partition_activations``; a client
-            optimizer instance; an explicit
+        ConfigError: ``activation_checkpointing.partition_activations``; an explicit
             ``tensor_parallel.dtype`` other than the precision mode's.
     """
     block = cfg.section("tensor_parallel")
@@ -142,12 +146,6 @@ def check_tp_config(cfg: Any, *, precision_name: str, client_optimizer: Any) -> 
             "activation_checkpointing.partition_activations with tensor_parallel.autotp_size > 1 is not implemented "
             "by dscore (saved inputs are not split across the tensor-parallel group); set it false",
             path="activation_checkpointing.partition_activations",
-        )
-    if isinstance(client_optimizer, torch.optim.Optimizer):
-        raise ConfigError(
-            "tensor_parallel.autotp_size > 1 with a client optimizer instance: its param_groups hold the unsplit "
-            "parameters; pass optimizer as a callable(param_groups) or set optimizer.type in ds_config",
-            path="tensor_parallel.autotp_size",
         )
 
 
@@ -467,6 +465,51 @@ def remap_parameters(model: torch.nn.Module, model_parameters: Any) -> Any:
         else:
             out.append(swap(x, f"entry {i}"))
     return out
+
+
+def remap_client_optimizer(model: torch.nn.Module, optimizer: Any) -> int:
+    """Re-point a client optimizer built before the AutoTP split at the split parameters, in place.
+
+    Each parameter :func:`apply_autotp` replaced is swapped for its successor at the same position of the same
+    group, so every group keeps its hyper-parameters (``lr``, ``weight_decay``, ...) and its members; parameters
+    the split did not touch stay as they are. Anything but a ``torch.optim.Optimizer`` (None, a callable) is left
+    alone: it is built after the split.
+
+    Returns:
+        The number of parameters swapped.
+
+    Raises:
+        ConfigError: the optimizer already holds state (e.g. ``exp_avg``) for a replaced parameter: that state
+            has the unsplit shape and cannot follow the shard (names the group and position; build the optimizer
+            fresh, or load the state after ``dscore.initialize`` from a checkpoint).
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return 0
+    done = getattr(model, "_dscore_autotp", None) or {}
+    replaced: dict[int, tuple[Any, torch.nn.Parameter]] = done.get("replaced", {})
+    swapped = 0
+    for gi, group in enumerate(optimizer.param_groups):
+        params = list(group["params"])
+        for pos, p in enumerate(params):
+            hit = replaced.get(id(p))
+            if hit is None or hit[0]() is not p:
+                continue
+            if optimizer.state.get(p):
+                raise ConfigError(
+                    f"tensor_parallel.autotp_size {done.get('tp')}: the client optimizer's param_groups[{gi}] "
+                    f"position {pos} (shape {tuple(p.shape)}) already holds optimizer state "
+                    f"({', '.join(sorted(map(str, optimizer.state[p])))}), which cannot be split with the parameter; "
+                    "pass an optimizer that has not stepped yet (or set optimizer.type in ds_config) and load "
+                    "saved state after dscore.initialize with engine.load_checkpoint",
+                    path="tensor_parallel.autotp_size",
+                )
+            optimizer.state.pop(p, None)
+            params[pos] = hit[1]
+            swapped += 1
+        group["params"] = params
+    if swapped:
+        log.info("AutoTP: the client optimizer's groups now hold %d split parameter(s) in place of the unsplit ones", swapped)
+    return swapped
 
 
 def tp_params_of(module: torch.nn.Module) -> dict[str, TPParam]:

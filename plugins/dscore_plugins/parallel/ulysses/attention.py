@@ -278,6 +278,9 @@ class UlyssesSPAttentionHF(torch.nn.Module):
             return wrapper(module, query, key, value, attention_mask, *a, **kw)
 
         ALL_ATTENTION_FUNCTIONS.register("ulysses", ulysses_attention)
+        from dscore.parallel.groups import note_mesh
+
+        note_mesh(mesh)  # deepspeed.utils.groups reads it until an engine is built (policy process_mesh)
         return mesh
 
 
