@@ -29,6 +29,8 @@ def test_engine_compile_at_zero_0_to_3_matches_eager() -> None:
             assert not any("_orig_mod" in k for k in r["keys"]), (rank, stage)
             if stage < 3:
                 assert r["breaks"] == 0, (rank, stage)
+            else:  # at most one boundary per ZeRO unit (3 Linear units; 8 while the hooks were traced)
+                assert r["breaks"] <= 3, (rank, r["breaks"])
     assert results[0]["stage0"]["eager"] != results[1]["stage0"]["eager"]  # each rank its own rows
 
 
