@@ -142,6 +142,8 @@ class Accelerator:
         default_comm_backend: the comm-backend name :meth:`communication_backend_name` returns.
         visible_devices_env: the variable restricting visible devices (``CUDA_VISIBLE_DEVICES``), or ``None``.
         export_env_prefixes: variable-name prefixes the launcher forwards to remote nodes.
+        default_compile_backend: the ``torch.compile`` backend :meth:`get_compile_backend` returns until
+            :meth:`set_compile_backend` changes it (``"inductor"``; HPU ``"hpu_backend"``, as DeepSpeed 0.19.8).
     """
 
     name: ClassVar[str] = ""
@@ -149,6 +151,7 @@ class Accelerator:
     default_comm_backend: ClassVar[str] = "gloo"
     visible_devices_env: ClassVar[str | None] = None
     export_env_prefixes: ClassVar[tuple[str, ...]] = ()
+    default_compile_backend: ClassVar[str] = "inductor"
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(device_type={self.device_type!r})"
@@ -361,6 +364,30 @@ class Accelerator:
 
     def range_pop(self) -> None:
         """Close the innermost profiler range; a no-op where the device has no range API."""
+
+    # -------------------------------------------------------------- torch.compile
+    def get_compile_backend(self) -> str:
+        """The ``torch.compile`` backend name ``engine.compile()`` uses when none is given (DeepSpeed's
+        ``get_accelerator().get_compile_backend()``): :attr:`default_compile_backend` unless
+        :meth:`set_compile_backend` chose another for this accelerator instance."""
+        return str(self.__dict__.get("_compile_backend", self.default_compile_backend))
+
+    def set_compile_backend(self, backend: str) -> None:
+        """Make ``backend`` this accelerator's default ``torch.compile`` backend.
+
+        Raises:
+            AcceleratorError: ``backend`` is not a registered dynamo backend
+                (``torch._dynamo.list_backends(exclude_tags=())``); the message lists the valid names.
+        """
+        import torch._dynamo
+
+        known = sorted(torch._dynamo.list_backends(exclude_tags=()))
+        if backend not in known:
+            raise AcceleratorError(
+                f"set_compile_backend({backend!r}): not a torch.compile backend known on {self.name or self.device_type}; "
+                f"valid: {', '.join(known)}"
+            )
+        self._compile_backend = backend
 
     # -------------------------------------------------------------- LaunchEnv
     def communication_backend_name(self) -> str:

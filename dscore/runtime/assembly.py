@@ -160,7 +160,8 @@ def assemble(
     )
     model_parameters = transforms.model_parameters
     to_module(model, device=accelerator.device())  # keeps Parameter objects (ties) on out-of-tree devices
-    module = precision.prepare_module(model) or model
+    prepared = precision.prepare_module(model)
+    module = model if prepared is None else prepared  # never a module's truth value (len() of a container)
     stage_number = int(cfg.zero_stage)
     loss_scaler = precision.make_loss_scaler(zero_stage=stage_number)
 

@@ -56,6 +56,7 @@ import torch
 
 from dscore.protocols.precision import LossScaler, PrecisionMode
 from dscore.protocols.zero import ZeroStage
+from dscore.runtime.compile import CompileState
 from dscore.runtime.context import runtime_scoped
 from dscore.runtime.engine_accessors import DeepSpeedAccessors
 from dscore.runtime.engine_errors import EngineAPIMissing, EngineError
@@ -167,6 +168,7 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         self._backwards_in_micro_step = 0  # backward() calls since the last step() call (issue 33 item 1)
         self._warned_unmanaged_window = False
         self._states_offloaded = False  # offload_states() moved training state off the device
+        self._compile_state = CompileState()  # engine.compile() / an adopted torch.compile(model)
 
         self._steps_per_print = config.steps_per_print or 0
         fp16 = config.section("fp16", None)
@@ -240,6 +242,45 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         out = self.module(*args, **kwargs)
         self._timers.stop(FORWARD)
         return out
+
+    # ------------------------------------------------------------------ torch.compile
+    def compile(  # type: ignore[override]  # DeepSpeed's signature, not nn.Module.compile(*args, **kwargs)
+        self,
+        backend: Any = None,
+        compile_kwargs: dict[str, Any] | None = None,
+        schedule: Any = None,
+        compiled_autograd_enabled: bool = False,
+    ) -> None:
+        """Compile the wrapped module in place with ``torch.compile`` (DeepSpeed 0.19.8's ``engine.compile``).
+
+        Args:
+            backend: a dynamo backend name or callable; default the accelerator's
+                :meth:`~dscore.accelerator.Accelerator.get_compile_backend` (``"inductor"`` on CPU and CUDA).
+            compile_kwargs: further ``torch.compile`` arguments (``fullgraph``, ``dynamic``, ``mode``,
+                ``options``); a ``backend`` key is overridden by ``backend`` with a warning.
+            schedule: DeepCompile's pass schedule; only None is accepted (DeepCompile is not implemented).
+            compiled_autograd_enabled: also compile the backward pass with compiled autograd (its backend is
+                the accelerator's default, as in DeepSpeed).
+
+        A second call does nothing. ``engine(...)`` and ``engine.module(...)`` then run compiled; parameters,
+        hooks and checkpoint keys stay the plain module's. See :mod:`dscore.runtime.compile`.
+
+        Raises:
+            ConfigError: a non-None ``schedule``; an unknown backend name; ``compile_kwargs`` not a dict.
+        """
+        self._compile_state.compile(
+            self.module,
+            backend=self.runtime.accelerator.get_compile_backend() if backend is None else backend,
+            compile_kwargs=compile_kwargs,
+            schedule=schedule,
+            compiled_autograd_enabled=compiled_autograd_enabled,
+            deepcompile=False,
+        )
+
+    @property
+    def is_compiled(self) -> bool:
+        """True once :meth:`compile` ran, or when ``initialize`` got a ``torch.compile(model)``."""
+        return self._compile_state.compiled
 
     # ------------------------------------------------------------------ boundaries
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -317,10 +358,13 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         if self.loss_scaler is not None:
             to_backward = scaled * self.loss_scaler.loss_scale
         boundary = self.is_gradient_accumulation_boundary()
-        if retain_graph:
-            self.zero_stage_impl.backward(to_backward, boundary=boundary, sync=not self._in_no_sync, retain_graph=True)
-        else:
-            self.zero_stage_impl.backward(to_backward, boundary=boundary, sync=not self._in_no_sync)
+        with self._compile_state.backward_context(self.runtime.accelerator.get_compile_backend()):
+            if retain_graph:
+                self.zero_stage_impl.backward(
+                    to_backward, boundary=boundary, sync=not self._in_no_sync, retain_graph=True
+                )
+            else:
+                self.zero_stage_impl.backward(to_backward, boundary=boundary, sync=not self._in_no_sync)
         self._backwards_since_step += 1
         if not self._in_no_sync:
             self._backwards_in_micro_step += 1

@@ -121,6 +121,10 @@ def initialize(
     if not isinstance(model, torch.nn.Module):
         raise InitializeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     _check_args_local_rank(args)
+    # torch.compile(model): the engine wraps the original module and re-installs the compiled call on it
+    from dscore.runtime.compile import unwrap_compiled
+
+    model, dynamo_ctx = unwrap_compiled(model)
 
     # 1-2. config, validated before any process-group work
     from dscore.config import load_config
@@ -196,6 +200,8 @@ def initialize(
             collate_fn=collate_fn,
         )
         engine = registry.load(engine_spec)(engine_ctx)
+        if dynamo_ctx is not None:
+            engine._compile_state.adopt(engine.module, dynamo_ctx)
         verify_transforms(runtime, cfg, engine_name=engine_spec.name, engine=engine, model=model)
         _check_engine_used_mesh(engine, engine_spec.name, runtime.mesh)
         log.info("engine %s built (%s)", engine_spec.name, type(engine).__name__)

@@ -105,6 +105,7 @@ def trainer_run(
     build_in_zero_init: bool = False,
     config_optimizer: bool = False,
     model_kind: str = "gpt2",
+    torch_compile_backend: str | None = None,
 ) -> dict[str, Any]:
     """Train ``model_kind`` ("gpt2" or "llama", tiny, from a config) with ``transformers.Trainer(args=TrainingArguments(deepspeed=cfg, use_cpu=True))``.
 
@@ -112,7 +113,9 @@ def trainer_run(
     deepspeed.__version__, "engine": type name}``. With ``resume`` the Trainer resumes from that checkpoint
     folder. ``build_in_zero_init`` builds the model after ``TrainingArguments`` through ``from_config`` (at
     ZeRO-3 the model is then born partitioned inside ``deepspeed.zero.Init``); otherwise it is built first,
-    seeded, as a plain module.
+    seeded, as a plain module. ``torch_compile_backend`` turns on ``TrainingArguments(torch_compile=True)``
+    with that backend (Accelerate then calls ``engine.compile(backend=..., compile_kwargs=...)``); the result
+    then also holds ``is_compiled``, ``unique_graphs`` and ``graph_breaks`` (dynamo's counters).
     """
     import deepspeed
     import torch
@@ -139,6 +142,7 @@ def trainer_run(
         dataloader_num_workers=0,
         disable_tqdm=True,
         save_only_model=False,
+        **({"torch_compile": True, "torch_compile_backend": torch_compile_backend} if torch_compile_backend else {}),
     )
     if model is None:
         model = model_cls._from_config(model_cfg)
@@ -160,7 +164,23 @@ def trainer_run(
         "born_partitioned": born_partitioned,
         "torch_threads": torch.get_num_threads(),
     }
+    if torch_compile_backend:
+        from torch._dynamo.utils import counters
+
+        result["is_compiled"] = bool(engine.is_compiled)
+        result["unique_graphs"] = int(counters["stats"]["unique_graphs"])
+        result["graph_breaks"] = sum(counters["graph_break"].values())
     return result
+
+
+def trainer_compile_job(stage: int, out_dir: str, backend: str = "aot_eager", steps: int = 4) -> dict[str, Any]:
+    """The Trainer on a tiny Llama, eager then ``torch_compile=True`` (``backend``), same seed and data."""
+    eager = trainer_run(stage, os.path.join(out_dir, "eager"), max_steps=steps, save_steps=100, model_kind="llama")
+    compiled = trainer_run(
+        stage, os.path.join(out_dir, "compiled"), max_steps=steps, save_steps=100, model_kind="llama",
+        torch_compile_backend=backend,
+    )
+    return {"eager": eager, "compiled": compiled}
 
 
 def accelerate_run(stage: int, steps: int = 6) -> dict[str, Any]:

@@ -20,6 +20,7 @@ class HpuAccelerator(Accelerator):
     """Intel Gaudi; importing the bridge on creation makes ``torch.hpu`` available to the base class."""
 
     name = "hpu"
+    default_compile_backend = "hpu_backend"
     device_type = "hpu"
     default_comm_backend = "hccl"
     visible_devices_env = "HABANA_VISIBLE_MODULES"

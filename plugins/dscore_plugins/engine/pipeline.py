@@ -136,7 +136,8 @@ def build_pipeline_engine(ctx: EngineContext) -> PipelineEngine:
     grid = model.grid
     to_module(model, device=runtime.accelerator.device())  # keeps Parameter objects (ties) on any device
     model.synchronize_tied_weights()
-    module = precision.prepare_module(model) or model
+    prepared = precision.prepare_module(model)
+    module = model if prepared is None else prepared  # never a module's truth value (a PipelineModule has len())
     loss_scaler = precision.make_loss_scaler(zero_stage=stage_number)
     dp_comm = runtime.comm.bound_to(grid.dp_group) if grid.dp_group is not None else runtime.comm
     clip = float(cfg.gradient_clipping or 0.0)

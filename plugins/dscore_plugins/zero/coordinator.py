@@ -47,7 +47,9 @@ class ModuleHook:
     def __init__(self, fn: Any) -> None:
         self.fn = fn
 
+    @torch.compiler.disable
     def __call__(self, *args: Any) -> Any:
+        # gather/release run eagerly under torch.compile: the user's graph breaks at each unit's hooks
         return self.fn(*args)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
