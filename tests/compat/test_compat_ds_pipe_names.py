@@ -93,6 +93,7 @@ def test_gating_gives_deepspeeds_numbers() -> None:
 
 
 def test_missing_features_import_and_refuse_on_use() -> None:
+    from deepspeed.module_inject.auto_ep_layer import AutoEPMoELayer
     from deepspeed.module_inject.auto_tp import AutoTP
     from deepspeed.module_inject.layers import LinearLayer
     from deepspeed.module_inject.tp_shard import get_shard_size_list
@@ -104,7 +105,7 @@ def test_missing_features_import_and_refuse_on_use() -> None:
     from deepspeed.sequence.layer import DistributedAttention
     from deepspeed.utils.groups import _get_expert_parallel_ranks
 
-    for name in (AutoTP, LinearLayer, get_shard_size_list, TokenChoiceTopKRouter, _route_slots, PipelineParallelGrid,
+    for name in (AutoEPMoELayer, AutoTP, LinearLayer, get_shard_size_list, TokenChoiceTopKRouter, _route_slots, PipelineParallelGrid,
                  TiledFusedLogitsLoss, FPDT_InputConstruct, DistributedAttention, _get_expert_parallel_ranks):
         with pytest.raises(DscoreError, match=r"\(DeepSpeed 0.19.8\) is not provided by dscore: \S"):
             name()
