@@ -13,15 +13,15 @@ public spellings (``get_sequence_parallel_group``) are here too. The expert acce
 group) read the groups the mesh built for the MoE layers; the ``_get_zero_param_intra_parallel_*`` readers
 read the ZeRO++ hpZ groups stage 3 builds from ``zero_hpz_partition_size``. DeepSpeed 0.19.8 accessors dscore
 does not provide (expert group dicts, rank lists and source ranks, creating the ZeRO++ parameter groups, the
-setters and initializers of DeepSpeed's module-level group state) raise :class:`dscore.errors.DscoreError`
-naming the accessor.
+setters and initializers of DeepSpeed's module-level group state) import, and raise
+:class:`deepspeed._not_provided.NotProvidedError` (a :class:`dscore.errors.DscoreError`) naming the accessor when used.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dscore.errors import DscoreError
+from deepspeed._not_provided import not_provided
 from dscore.parallel.groups import (
     get_data_parallel_group,
     get_data_parallel_rank,
@@ -131,12 +131,17 @@ _NOT_PROVIDED = frozenset({
 })
 
 
+_NOT_PROVIDED_REASON = (
+    "dscore has no module-level group state or expert group dicts / rank lists, and builds the ZeRO++ hpZ groups "
+    f"itself; the groups it builds are read with {', '.join(n for n in __all__ if not n.startswith('_'))} "
+    "(dscore.parallel.groups) or from engine.runtime.mesh"
+)
+
+
 def __getattr__(name: str) -> Any:
+    # a stand-in, so `from deepspeed.utils.groups import <name>` imports and the error comes on use
     if name in _NOT_PROVIDED:
-        raise DscoreError(
-            f"deepspeed.utils.groups.{name} (DeepSpeed 0.19.8) is not provided by dscore: dscore has no "
-            "module-level group state or expert group dicts / rank lists, and builds the ZeRO++ hpZ groups itself; the groups it builds "
-            f"are read with {', '.join(n for n in __all__ if not n.startswith('_'))} (dscore.parallel.groups) "
-            "or from engine.runtime.mesh"
-        )
+        value = not_provided(f"deepspeed.utils.groups.{name}", _NOT_PROVIDED_REASON)
+        globals()[name] = value
+        return value
     raise AttributeError(f"deepspeed.utils.groups.{name} is not provided by dscore's compatibility layer")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-__all__ = ["ulysses_sp"]
+__all__ = ["parallel_state_sp", "ulysses_sp"]
 
 
 def __getattr__(name: str) -> Any:

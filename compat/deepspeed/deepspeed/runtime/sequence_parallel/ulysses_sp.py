@@ -4,15 +4,15 @@
 ``UlyssesSPAttentionHF`` (with ``register_with_transformers``, whose returned ``mpu`` is a
 :class:`dscore.parallel.ParallelMesh` that ``deepspeed.initialize(mpu=...)`` takes), ``UlyssesSPDataLoaderAdapter``,
 ``TiledMLP`` and ``sequence_tiled_compute`` are dscore's own. DeepSpeed 0.19.8's other public names in this
-module (``SequenceTiledCompute``, ``TiledFusedLogitsLoss``, ``AutogradComputeMLP``) raise
-:class:`dscore.errors.DscoreError` naming them.
+module (``SequenceTiledCompute``, ``TiledFusedLogitsLoss``, ``AutogradComputeMLP``) import, and raise
+:class:`deepspeed._not_provided.NotProvidedError` naming them when used.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dscore.errors import DscoreError
+from deepspeed._not_provided import not_provided
 from dscore.parallel.ulysses import (
     TiledMLP,
     UlyssesSPAttentionHF,
@@ -25,13 +25,15 @@ __all__ = ["TiledMLP", "UlyssesSPAttentionHF", "UlyssesSPDataLoaderAdapter", "se
 _NOT_PROVIDED = frozenset({"SequenceTiledCompute", "TiledFusedLogitsLoss", "AutogradComputeMLP"})
 
 
+_NOT_PROVIDED_REASON = "dscore's tiled compute is TiledMLP.apply(...) and sequence_tiled_compute(...) (dscore.parallel.ulysses)"
+
+
 def __getattr__(name: str) -> Any:
+    # a stand-in, so the import works and the error comes on use
     if name in _NOT_PROVIDED:
-        raise DscoreError(
-            f"deepspeed.runtime.sequence_parallel.ulysses_sp.{name} (DeepSpeed 0.19.8) is not provided by dscore; "
-            "dscore's tiled compute is TiledMLP.apply(...) and sequence_tiled_compute(...) "
-            "(dscore.parallel.ulysses)"
-        )
+        value = not_provided(f"deepspeed.runtime.sequence_parallel.ulysses_sp.{name}", _NOT_PROVIDED_REASON)
+        globals()[name] = value
+        return value
     raise AttributeError(
         f"deepspeed.runtime.sequence_parallel.ulysses_sp.{name} is not provided by dscore's compatibility layer"
     )

@@ -1,0 +1,2 @@
+"""``deepspeed.runtime.activation_checkpointing``: activation checkpointing on :mod:`dscore.checkpointing`
+(see :mod:`.checkpointing`)."""
