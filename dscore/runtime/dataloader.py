@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from dscore.errors import ConfigError
 
-__all__ = ["DscoreDataLoader"]
+__all__ = ["DscoreDataLoader", "RepeatingLoader"]
 
 
 class _ResumableSampler(Sampler[int]):
@@ -149,3 +149,28 @@ class DscoreDataLoader:
         self.epoch = epoch
         self.batches_consumed = consumed
         self._resume_at = consumed
+
+
+class RepeatingLoader:
+    """An endless iterator over a finite iterable (DeepSpeed's ``RepeatingLoader``): when ``loader`` is
+    exhausted it is iterated again from the start (a :class:`DscoreDataLoader` then starts its next epoch),
+    so ``next()`` never raises ``StopIteration``. An empty ``loader`` raises ``StopIteration`` (nothing to
+    repeat).
+
+    Args:
+        loader: any re-iterable (``torch.utils.data.DataLoader``, :class:`DscoreDataLoader`, a list).
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.data_iter = iter(loader)
+
+    def __iter__(self) -> RepeatingLoader:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.data_iter)
+        except StopIteration:
+            self.data_iter = iter(self.loader)
+            return next(self.data_iter)  # empty loader: StopIteration propagates

@@ -1,4 +1,4 @@
-"""``deepspeed.ops``: the CPU optimizers (``adam.DeepSpeedCPUAdam``, ``adagrad.DeepSpeedCPUAdagrad``,
+"""``deepspeed.ops``: the fused optimizers (``adam.FusedAdam``, ``lamb.FusedLamb``, ``lion.FusedLion``) and the CPU ones (``adam.DeepSpeedCPUAdam``, ``adagrad.DeepSpeedCPUAdagrad``,
 ``lion.DeepSpeedCPULion``), found through dscore's optimizer registry under their DeepSpeed names;
 ``op_builder`` (DeepSpeed's builder classes over dscore's op builders) and ``__compatible_ops__`` (op name ->
 whether it can be built here, asked of each builder on first access)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["adagrad", "adam", "lion", "op_builder", "registered_optimizer_class"]
+__all__ = ["adagrad", "adam", "lamb", "lion", "op_builder", "registered_optimizer_class"]
 
 
 def registered_optimizer_class(name: str) -> Any:
@@ -26,7 +26,7 @@ def registered_optimizer_class(name: str) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("adam", "adagrad", "lion", "op_builder"):
+    if name in ("adam", "adagrad", "lamb", "lion", "op_builder"):
         from importlib import import_module
 
         return import_module(f"deepspeed.ops.{name}")

@@ -1,14 +1,17 @@
-"""``deepspeed.ops.lion.DeepSpeedCPULion``: dscore's registered optimizer of that name (see :mod:`deepspeed.ops`)."""
+"""``deepspeed.ops.lion``: ``DeepSpeedCPULion``, ``FusedLion``: dscore's registered optimizers of those names
+(resolved through the optimizer registry on first access, see :mod:`deepspeed.ops`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DeepSpeedCPULion"]  # noqa: F822 - resolved on first access by __getattr__ (reads the plugin registry)
+__all__ = ["DeepSpeedCPULion", "FusedLion"]  # noqa: F822 - the registry's classes resolve on first access (__getattr__)
+
+_REGISTERED = ("DeepSpeedCPULion", "FusedLion")
 
 
 def __getattr__(name: str) -> Any:
-    if name == "DeepSpeedCPULion":
+    if name in _REGISTERED:
         from deepspeed.ops import registered_optimizer_class
 
         cls = registered_optimizer_class(name)

@@ -1,0 +1,201 @@
+"""``deepspeed.checkpoint.constants``: the key names and file-name patterns of DeepSpeed 0.19.8's checkpoint
+layout (facts of the format, shared with dscore's ``deepspeed`` checkpoint layout: ``mp_rank_00_model_states.pt``,
+``zero_pp_rank_<dp>_mp_rank_<mp>_optim_states.pt``, ``bf16_``/``fp16_`` ZeRO prefixes, universal-checkpoint keys)."""
+
+from __future__ import annotations
+
+OPTIMIZER_STATE_DICT = 'optimizer_state_dict'
+FP32_GROUPS = 'fp32_groups'
+FP32_FLAT_GROUPS = 'fp32_flat_groups'
+BASE_OPTIMIZER_STATE = 'base_optimizer_state'
+BASE_OPTIMIZER_STATE_STEP = 'base_optimizer_state_step'
+SINGLE_PARTITION_OF_FP32_GROUPS = 'single_partition_of_fp32_groups'
+PARAM_GROUPS = 'param_groups'
+GROUP_PADDINGS = 'group_paddings'
+PARAM_ALIGNMENT_PADDINGS = 'param_alignment_paddings'
+PARTITION_COUNT = 'partition_count'
+ZERO_STAGE = 'zero_stage'
+CLIP_GRAD = 'clip_grad'
+FP32_WEIGHT_KEY = 'fp32'
+LOSS_SCALER = 'loss_scaler'
+PARAM = 'param'
+PARAM_SHAPES = 'param_shapes'
+BUFFER_NAMES = 'buffer_names'
+FROZEN_PARAM_SHAPES = 'frozen_param_shapes'
+FROZEN_PARAM_FRAGMENTS = 'frozen_param_fragments'
+MODEL_FILE_PREFIX = 'mp_rank_'
+ZERO_FILE_PREFIX = 'zero_pp_rank_'
+OPTIM_FILE_SUFFIX = '_optim_states.pt'
+MODEL_FILE_SUFFIX = '_model_states.pt'
+LAYER_FILE_PREFIX = 'layer_'
+BF16_ZERO_FILE_PREFIX = 'bf16_zero_pp_rank_'
+FP16_ZERO_FILE_PREFIX = 'fp16_zero_pp_rank_'
+CHECKPOINT_PARALLEL_DIMS = 'checkpoint_parallel_dimensions'
+CHECKPOINT_PP_DEGREE = 'pp_degree'
+CHECKPOINT_TP_DEGREE = 'tp_degree'
+DS_VERSION = 'ds_version'
+UNIVERSAL_CHECKPOINT_INFO = 'universal_checkpoint_info'
+UNIVERSAL_CHECKPOINT_VERSION_KEY = 'universal_checkpoint_version'
+UNIVERSAL_CHECKPOINT_VERSION_VALUE = 0.4
+DS_AUTOTP_UC_META = 'ds_autotp_universal_checkpoint_meta'
+AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS = 'autotp_unsupported_parameter_patterns'
+AFFINE_MAP = 'affine_map'
+AFFINE_MAP_VERSION = 'version'
+AFFINE_MAP_PARAMS = 'params'
+VOCAB_TENSOR = 'vocab_tensor'
+PADDED_VOCAB_SIZE = 'padded_vocab_size'
+ORIGINAL_VOCAB_SIZE = 'original_vocab_size'
+PARAM_SLICE_MAPPINGS = 'param_slice_mappings'
+CAT_DIM = 'cat_dim'
+PARAM_N_SUB_PARAMS = 'param_n_sub_params'
+SUB_PARAM_SHAPE = 'sub_param_shape'
+VOCABULARY_PARAMETER_PATTERNS = 'vocabulary_parameter_patterns'
+PIPELINE_REPLICATED_PARAMETER_PATTERNS = 'pipeline_replicated_parameter_patterns'
+PARAMETER_TO_AVERAGE_PATTERNS = 'parameter_to_average_patterns'
+PARAMETER_WITH_ROW_PARALLELISM_PATTERNS = 'parameter_with_row_parallelism_patterns'
+TP_REPLICATED_PARAMETER_PATTERNS = 'tp_replicated_parameter_patterns'
+PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0 = 'parameter_with_2_sub_params_cat_dim_0'
+PARAMETER_WITH_SUB_PARAMS = 'parameter_with_sub_params'
+SUB_PARAM_SHARD_WIDTHS = 'sub_param_shard_widths'
+SUB_PARAMS_SHAPE = 'sub_params_shape'
+AUTOEP_LAYERS_KEY = 'ds_autoep_layers'
+AUTOEP_LAYERS_KEY_LEGACY = 'autoep_layers'
+AUTOEP_EXPERT_KEY_PREFIX = 'expert_key_prefix'
+AUTOEP_NUM_EXPERTS = 'num_experts'
+AUTOEP_NUM_LOCAL_EXPERTS = 'num_local_experts'
+AUTOEP_EP_SIZE = 'ep_size'
+AUTOEP_EXPERT_PLACEMENT = 'expert_placement'
+AUTOEP_AFFINE_MAPS = 'affine_maps'
+DS_AUTOEP_UC_META = 'ds_autoep_uc_meta'
+AUTOEP_PARAM_LOGICAL_SHAPE = 'logical_shape'
+AUTOEP_PARAM_EP_RANK = 'ep_rank'
+AUTOEP_PARAM_LOCAL_EXPERTS = 'local_experts'
+AUTOEP_ZERO12_REQUIRED_FIELDS = ('expert_key_prefix', 'num_experts', 'num_local_experts', 'ep_size')
+AUTOEP_ZERO3_EXPERT_STATE_FORMAT_KEY = 'checkpoint_format'
+AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT = 'zero3_partitioned'
+AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY = 'checkpoint_format_version'
+AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION = 1
+AUTOEP_PLACEMENT_VERSION_KEY = 'version'
+AUTOEP_PLACEMENT_VERSION = 1
+AUTOEP_PLACEMENT_NUM_EXPERTS = 'num_experts'
+AUTOEP_PLACEMENT_EP_SIZE = 'ep_size'
+AUTOEP_PLACEMENT_RANKS = 'ranks'
+AUTOEP_PLACEMENT_RANK = 'rank'
+AUTOEP_PLACEMENT_EXPERTS = 'experts'
+EP_IS_EXPERT_PARAM = 'is_expert_param'
+EP_NUM_EXPERTS = 'ep_num_experts'
+EXPERT_PARAMETER_PATTERNS = 'expert_parameter_patterns'
+FOLDING_METADATA_KEY = 'folding'
+FOLDING_METADATA_VERSION = 1
+FOLDING_TP_SIZE = 'tp_size'
+FOLDING_TP_RANK = 'tp_rank'
+FOLDING_EP_SIZE = 'ep_size'
+FOLDING_EP_RANK = 'ep_rank'
+FOLDING_ETP_SIZE = 'etp_size'
+FOLDING_ETP_RANK = 'etp_rank'
+FOLDING_ZERO_PARTITION_GROUP = 'zero_partition_group'
+FOLDING_ZERO_PARTITION_RANK = 'zero_partition_rank'
+FOLDING_ZERO_PARTITION_COUNT = 'zero_partition_count'
+FOLDING_DISPATCH_STRATEGY = 'dispatch_strategy'
+FOLDING_SHARED_EXPERT_PLACEMENT = 'shared_expert_placement'
+FOLDING_FAMILY = 'family'
+FOLDING_PARAM_FAMILIES = 'param_families'
+
+__all__ = [
+    "AFFINE_MAP",
+    "AFFINE_MAP_PARAMS",
+    "AFFINE_MAP_VERSION",
+    "AUTOEP_AFFINE_MAPS",
+    "AUTOEP_EP_SIZE",
+    "AUTOEP_EXPERT_KEY_PREFIX",
+    "AUTOEP_EXPERT_PLACEMENT",
+    "AUTOEP_LAYERS_KEY",
+    "AUTOEP_LAYERS_KEY_LEGACY",
+    "AUTOEP_NUM_EXPERTS",
+    "AUTOEP_NUM_LOCAL_EXPERTS",
+    "AUTOEP_PARAM_EP_RANK",
+    "AUTOEP_PARAM_LOCAL_EXPERTS",
+    "AUTOEP_PARAM_LOGICAL_SHAPE",
+    "AUTOEP_PLACEMENT_EP_SIZE",
+    "AUTOEP_PLACEMENT_EXPERTS",
+    "AUTOEP_PLACEMENT_NUM_EXPERTS",
+    "AUTOEP_PLACEMENT_RANK",
+    "AUTOEP_PLACEMENT_RANKS",
+    "AUTOEP_PLACEMENT_VERSION",
+    "AUTOEP_PLACEMENT_VERSION_KEY",
+    "AUTOEP_ZERO12_REQUIRED_FIELDS",
+    "AUTOEP_ZERO3_EXPERT_STATE_FORMAT_KEY",
+    "AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION",
+    "AUTOEP_ZERO3_EXPERT_STATE_FORMAT_VERSION_KEY",
+    "AUTOEP_ZERO3_PARTITIONED_EXPERT_STATE_FORMAT",
+    "AUTOTP_UNSUPPORTED_PARAMETER_PATTERNS",
+    "BASE_OPTIMIZER_STATE",
+    "BASE_OPTIMIZER_STATE_STEP",
+    "BF16_ZERO_FILE_PREFIX",
+    "BUFFER_NAMES",
+    "CAT_DIM",
+    "CHECKPOINT_PARALLEL_DIMS",
+    "CHECKPOINT_PP_DEGREE",
+    "CHECKPOINT_TP_DEGREE",
+    "CLIP_GRAD",
+    "DS_AUTOEP_UC_META",
+    "DS_AUTOTP_UC_META",
+    "DS_VERSION",
+    "EP_IS_EXPERT_PARAM",
+    "EP_NUM_EXPERTS",
+    "EXPERT_PARAMETER_PATTERNS",
+    "FOLDING_DISPATCH_STRATEGY",
+    "FOLDING_EP_RANK",
+    "FOLDING_EP_SIZE",
+    "FOLDING_ETP_RANK",
+    "FOLDING_ETP_SIZE",
+    "FOLDING_FAMILY",
+    "FOLDING_METADATA_KEY",
+    "FOLDING_METADATA_VERSION",
+    "FOLDING_PARAM_FAMILIES",
+    "FOLDING_SHARED_EXPERT_PLACEMENT",
+    "FOLDING_TP_RANK",
+    "FOLDING_TP_SIZE",
+    "FOLDING_ZERO_PARTITION_COUNT",
+    "FOLDING_ZERO_PARTITION_GROUP",
+    "FOLDING_ZERO_PARTITION_RANK",
+    "FP16_ZERO_FILE_PREFIX",
+    "FP32_FLAT_GROUPS",
+    "FP32_GROUPS",
+    "FP32_WEIGHT_KEY",
+    "FROZEN_PARAM_FRAGMENTS",
+    "FROZEN_PARAM_SHAPES",
+    "GROUP_PADDINGS",
+    "LAYER_FILE_PREFIX",
+    "LOSS_SCALER",
+    "MODEL_FILE_PREFIX",
+    "MODEL_FILE_SUFFIX",
+    "OPTIMIZER_STATE_DICT",
+    "OPTIM_FILE_SUFFIX",
+    "ORIGINAL_VOCAB_SIZE",
+    "PADDED_VOCAB_SIZE",
+    "PARAM",
+    "PARAMETER_TO_AVERAGE_PATTERNS",
+    "PARAMETER_WITH_2_SUB_PARAMS_CAT_DIM_0",
+    "PARAMETER_WITH_ROW_PARALLELISM_PATTERNS",
+    "PARAMETER_WITH_SUB_PARAMS",
+    "PARAM_ALIGNMENT_PADDINGS",
+    "PARAM_GROUPS",
+    "PARAM_N_SUB_PARAMS",
+    "PARAM_SHAPES",
+    "PARAM_SLICE_MAPPINGS",
+    "PARTITION_COUNT",
+    "PIPELINE_REPLICATED_PARAMETER_PATTERNS",
+    "SINGLE_PARTITION_OF_FP32_GROUPS",
+    "SUB_PARAMS_SHAPE",
+    "SUB_PARAM_SHAPE",
+    "SUB_PARAM_SHARD_WIDTHS",
+    "TP_REPLICATED_PARAMETER_PATTERNS",
+    "UNIVERSAL_CHECKPOINT_INFO",
+    "UNIVERSAL_CHECKPOINT_VERSION_KEY",
+    "UNIVERSAL_CHECKPOINT_VERSION_VALUE",
+    "VOCABULARY_PARAMETER_PATTERNS",
+    "VOCAB_TENSOR",
+    "ZERO_FILE_PREFIX",
+    "ZERO_STAGE",
+]
