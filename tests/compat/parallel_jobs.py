@@ -63,6 +63,7 @@ def _train(out_dir: str, ds_config: dict[str, Any], **training_args: Any) -> dic
     trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
     trainer.train()
     engine = trainer.model_wrapped
+    loader = trainer.callback_handler.train_dataloader  # the Ulysses adapter, under a ParallelismConfig
     losses = {int(h["step"]): float(h["loss"]) for h in trainer.state.log_history if "loss" in h}
     mesh = engine.runtime.mesh
     return {
@@ -71,6 +72,8 @@ def _train(out_dir: str, ds_config: dict[str, Any], **training_args: Any) -> dic
         "batch": (engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
                   engine.gradient_accumulation_steps()),
         "mesh": (mesh.dp_size, mesh.sp_size, mesh.tp_size),
+        "adapter": getattr(loader, "mode", None),
+        "adapter_len": len(loader),
     }
 
 
@@ -206,3 +209,20 @@ def groups_outside_engine_calls_job() -> dict[str, Any]:
     gc.collect()
     out["all_closed"] = refusal()
     return out
+
+
+def trainer_ulysses_job(root: str, sp: int) -> dict[str, Any]:
+    """Item 6, last gap: the unchanged Trainer with Accelerate's ``ParallelismConfig(sp_backend="deepspeed",
+    sp_size=sp)`` (Ulysses), ZeRO 1, through ``import deepspeed``; ``sp`` 1: the one-process reference (no
+    parallelism config). Accelerate's loader gives each process its own batches; the Ulysses adapter
+    all-gathers them over the sequence-parallel group and every rank trains its shard of each in rank order,
+    so with one data-parallel rank the steps see the same samples, in the same order, as one process."""
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.utils import DeepSpeedSequenceParallelConfig
+
+    extra: dict[str, Any] = {}
+    if sp > 1:
+        # sp_attn_implementation unset (None) is refused by DeepSpeed 0.19.8 as by dscore: name the model's
+        handler = DeepSpeedSequenceParallelConfig(sp_attn_implementation="sdpa")
+        extra["parallelism_config"] = ParallelismConfig(sp_backend="deepspeed", sp_size=sp, sp_handler=handler)
+    return _train(os.path.join(root, f"sp{sp}"), _ds_config(1), **extra)

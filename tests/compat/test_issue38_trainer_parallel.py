@@ -34,12 +34,27 @@ def test_trainer_with_autotp_trains_at_zero1_and_zero2(tmp_path) -> None:
 
 
 def test_initialize_takes_the_batch_world_size_and_sp_degree_from_the_mpu() -> None:
-    """The Trainer with Accelerate's Ulysses ``ParallelismConfig`` gets past ``deepspeed.initialize`` with this
-    fix but then needs the adapter to share out batches that differ across the sequence-parallel ranks
-    (DeepSpeed's adapter all-gathers them; dscore's refuses), so the call Accelerate makes is tested here."""
+    """The call Accelerate's Ulysses ``ParallelismConfig`` makes; the whole Trainer run is the next test."""
     results = run_distributed(parallel_jobs.initialize_with_ulysses_mpu_job, 2, timeout=300)
     for r in results:
         assert r == {"batch": (2, 2, 1), "mesh_is_mpu": True, "sequence_parallel_size": 2, "dp_world_size": 1}
+
+
+def test_trainer_with_accelerate_ulysses_trains_as_one_process(tmp_path) -> None:
+    """The unchanged Trainer with ``ParallelismConfig(sp_backend="deepspeed", sp_size=2)`` on 2 processes
+    (sp 2, one data-parallel rank): Accelerate's loader gives the two ranks different batches, the adapter
+    gathers them and both ranks train rank 0's, then rank 1's (``len`` doubled, as the Trainer assumes), so
+    the losses equal one process's over the same shuffled samples (it used to refuse: "different batches")."""
+    reference = run_distributed(parallel_jobs.trainer_ulysses_job, 1, str(tmp_path / "ref"), 1,
+                                timeout=300, init_process_group=False)[0]
+    results = run_distributed(parallel_jobs.trainer_ulysses_job, 2, str(tmp_path), 2, timeout=600,
+                              init_process_group=False)
+    assert reference["mesh"] == (1, 1, 1) and sorted(reference["losses"]) == [1, 2, 3]
+    assert reference["losses"][3] != pytest.approx(reference["losses"][1], abs=1e-3)  # it trained
+    for r in results:
+        assert r["mesh"] == (1, 2, 1) and r["batch"] == (2, 2, 1)
+        assert (r["adapter"], r["adapter_len"]) == ("gather", 2 * 4)  # 16 samples / 2 processes / micro 2, x sp
+        assert r["losses"] == pytest.approx(reference["losses"], abs=1e-5)
 
 
 def test_trainer_own_optimizer_trains_under_autotp_as_one_process(tmp_path) -> None:

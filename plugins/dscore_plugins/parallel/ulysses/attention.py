@@ -12,7 +12,8 @@ over the group; their gradients are averaged over the sequence x data ranks (the
   signature); ``register_with_transformers`` registers it with ``transformers`` and returns the mesh to
   pass as ``mpu=`` to ``dscore.initialize``.
 * :class:`UlyssesSPDataLoaderAdapter`: cuts each batch's sequence into the rank's shard and pre-shifts the
-  labels (``shift_labels``), so no label crosses a shard boundary.
+  labels (``shift_labels``), so no label crosses a shard boundary; batches that differ across the group's
+  ranks are all-gathered first (DeepSpeed's semantics), one shared batch is sharded once.
 * :func:`all_gather_differentiable`: gathers per-rank losses / token counts with a summing backward, for
   a loss weighted by unmasked tokens.
 * :class:`TiledMLP` / :func:`sequence_tiled_compute`: run a token-wise function over sequence tiles and
@@ -215,13 +216,15 @@ class UlyssesSPAttentionHF(torch.nn.Module):
         DeepSpeed 0.19.8's signature (Accelerate calls it with these keywords). ``model_name_or_path`` is a
         model (its ``config`` is read) or a name/path for ``AutoConfig``. ``seq_length`` is the global
         sequence length, needed when ``seq_length_is_variable`` is False (every batch then must have it);
-        ``max_length`` is its deprecated spelling. Set ``attn_implementation="ulysses"`` on the model config
-        and pass the returned mesh as ``dscore.initialize(mpu=...)`` with ``sequence_parallel_size`` in
-        ds_config.
+        ``max_length`` is its deprecated spelling. A model passed in (not a name) is switched to
+        ``attn_implementation="ulysses"`` here (its attention must be ``core_attn_implementation``, as DeepSpeed
+        checks; DeepSpeed instead replaces that implementation's registry entry for every model in the process);
+        a model loaded later from the name needs ``attn_implementation="ulysses"``. Pass the returned mesh as
+        ``dscore.initialize(mpu=...)``.
 
         Raises:
             DscoreError: transformers is not installed, or no process group exists.
-            ConfigError: ``core_attn_implementation`` is unknown; head counts not divisible by the degree;
+            ConfigError: ``core_attn_implementation`` is unknown or not the given model's; head counts not divisible by the degree;
                 ``seq_length`` missing with ``seq_length_is_variable=False``, or not divisible by the degree;
                 ``seq_length`` and ``max_length`` disagree.
         """
@@ -250,12 +253,26 @@ class UlyssesSPAttentionHF(torch.nn.Module):
         if not (dist.is_available() and dist.is_initialized()):
             raise DscoreError("register_with_transformers needs a process group: call dscore.init_distributed() first")
         if core_attn_implementation not in ALL_ATTENTION_FUNCTIONS:
+            hint = (
+                " (Accelerate passes its DeepSpeedSequenceParallelConfig(sp_attn_implementation=...), unset by "
+                "default: set it to the model's attention, e.g. 'sdpa')"
+                if core_attn_implementation is None
+                else ""
+            )
             raise ConfigError(
                 f"core_attn_implementation {core_attn_implementation!r} is not one of "
-                f"{sorted(ALL_ATTENTION_FUNCTIONS.keys())}"
+                f"{sorted(ALL_ATTENTION_FUNCTIONS.keys())}{hint}"
             )
         cfg = getattr(model_name_or_path, "config", None)
-        if cfg is None:
+        loaded = cfg is not None
+        if loaded:
+            current = getattr(cfg, "_attn_implementation", None)
+            if current is not None and current not in (core_attn_implementation, "ulysses"):
+                raise ConfigError(
+                    f"register_with_transformers: core_attn_implementation {core_attn_implementation!r} but the model "
+                    f"runs attn_implementation {current!r}; set both to the same value (as DeepSpeed requires)"
+                )
+        else:
             cfg = transformers.AutoConfig.from_pretrained(model_name_or_path)
         mesh = ParallelMesh.create(Comm(None), sp=int(sequence_parallel_size))
         heads = int(cfg.num_attention_heads)
@@ -278,6 +295,10 @@ class UlyssesSPAttentionHF(torch.nn.Module):
             return wrapper(module, query, key, value, attention_mask, *a, **kw)
 
         ALL_ATTENTION_FUNCTIONS.register("ulysses", ulysses_attention)
+        if loaded and hasattr(model_name_or_path, "set_attn_implementation"):
+            # DeepSpeed swaps the core implementation's entry process-wide, so a model it was given runs Ulysses
+            # without further ado (Accelerate relies on that); dscore switches only this model to "ulysses"
+            model_name_or_path.set_attn_implementation("ulysses")
         from dscore.parallel.groups import note_mesh
 
         note_mesh(mesh)  # deepspeed.utils.groups reads it until an engine is built (policy process_mesh)
