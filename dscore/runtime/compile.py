@@ -21,6 +21,11 @@ dscore keeps those semantics with two documented differences:
   dynamo context (same backend and options) is installed in place on it, as :meth:`engine.compile` would.
   The engine then reports ``is_compiled`` and a later ``engine.compile()`` is a no-op.
 
+A :class:`dscore.pipe.PipelineModule` is compiled layer by layer (DeepSpeed 0.19.8's
+``PipelineModule.compile``): each ``nn.Module`` layer in place as above, each function layer replaced by its
+compiled version. The stage's own loop over its layers (and activation checkpointing between them) stays
+eager, so a graph is produced per layer and no graph spans a pipeline send/receive.
+
 DeepCompile (``compile.deepcompile``) is not implemented (the config block is refused key by key, see
 docs/config-keys.md), so a non-None ``schedule`` is refused with a :class:`dscore.errors.ConfigError`.
 """
@@ -57,6 +62,10 @@ def compile_in_place(module: torch.nn.Module, compiler: Callable[[Callable[..., 
         compiler: maps a callable to its compiled version (``functools.partial(torch.compile, backend=...)``
             or an ``OptimizedModule``'s ``dynamo_ctx``).
     """
+    per_layer = getattr(module, "compile_layers", None)
+    if callable(per_layer):  # dscore.pipe.PipelineModule: each layer is its own compiled region
+        per_layer(lambda m: compile_in_place(m, compiler), compiler)
+        return
     module._compiled_call_impl = compiler(_through(module._call_impl))  # type: ignore[assignment]
 
 
