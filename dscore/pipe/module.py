@@ -372,6 +372,22 @@ class PipelineModule(torch.nn.Module):
             any(True for _ in f.parameters()) for f in funcs if isinstance(f, torch.nn.Module)
         )
 
+    def compile_layers(
+        self, compile_module: Callable[[torch.nn.Module], None], compile_fn: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> None:
+        """Compile this stage's layers one by one (what ``engine.compile()`` does to a pipeline, as DeepSpeed's
+        ``PipelineModule.compile``): ``compile_module(layer)`` compiles an ``nn.Module`` layer in place (a tied
+        module used by several layers once), ``compile_fn(f)`` returns the compiled version of a function layer
+        (a plain function or a tied module's ``forward_fn``), which replaces it in ``forward_funcs``."""
+        done: set[int] = set()
+        for i, f in enumerate(self.forward_funcs):
+            if isinstance(f, torch.nn.Module):
+                if id(f) not in done:
+                    compile_module(f)
+                    done.add(id(f))
+            else:
+                self.forward_funcs[i] = compile_fn(f)
+
     def forward(self, forward_input: Any) -> Any:
         """Run this stage's layers on ``forward_input`` (a tensor or tuple of tensors)."""
         x = forward_input

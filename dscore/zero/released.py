@@ -47,6 +47,9 @@ _METADATA_METHODS = frozenset(
         "__hash__", "__len__", "data_ptr", "untyped_storage", "storage_offset", "stride", "is_contiguous",
         "get_device", "is_pinned", "is_shared", "_is_view", "has_names", "is_set_to", "is_inference",
         "_has_compatible_shallow_copy_type", "__dir__",
+        # what dynamo's fake-tensor conversion (torch._subclasses.meta_utils) asks of every graph input
+        "is_conj", "is_neg", "_is_zerotensor", "_is_functional_tensor", "_get_creation_meta", "is_coalesced",
+        "dense_dim", "sparse_dim",
     }
 )
 

@@ -218,3 +218,66 @@ def compile_refusals() -> dict[str, Any]:
     out["default_backend"] = engine.runtime.accelerator.get_compile_backend()
     engine.close()
     return out
+
+
+LLAMA_VOCAB, LLAMA_SEQ = 64, 8
+
+
+def _llama() -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=LLAMA_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=32,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def _train_llama(engine: Any, rank: int) -> list[float]:
+    import torch
+
+    g = torch.Generator().manual_seed(11)
+    losses = []
+    for _ in range(STEPS):
+        ids = torch.randint(0, LLAMA_VOCAB, (2 * MICRO, LLAMA_SEQ), generator=g)[rank * MICRO : (rank + 1) * MICRO]
+        ids = ids.to(engine.device)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def llama_compile(zero: dict[str, Any]) -> dict[str, Any]:
+    """A tiny LlamaForCausalLM under ``zero``: eager losses, then engine.compile() losses, graphs, breaks and
+    the number of modules carrying ZeRO-3 gather/release hooks (0 below stage 3)."""
+    import torch
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+
+    import dscore
+
+    config = {**_config(0), "zero_optimization": zero}
+    eager, *_ = dscore.initialize(model=_llama(), config=config)
+    rank = dist.get_rank()
+    eager_losses = _train_llama(eager, rank)
+    eager.close()
+    torch._dynamo.reset()
+    counters.clear()
+    engine, *_ = dscore.initialize(model=_llama(), config=config)
+    rec = Recorder()
+    engine.compile(backend=rec)
+    losses = _train_llama(engine, rank)
+    hooked = len(getattr(engine.zero_stage_impl, "module_units", {}))
+    out = {
+        "eager": eager_losses,
+        "compiled": losses,
+        "graphs": rec.graphs,
+        "breaks": sum(counters["graph_break"].values()),
+        "break_reasons": sorted(counters["graph_break"]),
+        "hooked_modules": hooked,
+    }
+    engine.close()
+    return out

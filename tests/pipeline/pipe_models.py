@@ -157,8 +157,12 @@ def train_pipeline(
     partition: str = "uniform",
     save_dir: str | None = None,
     poison_step: int | None = None,
+    compiled: bool = False,
 ) -> dict[str, Any]:
     """Per rank: build the pipeline, train ``steps`` batches, optionally save, return losses and states.
+
+    ``compiled``: ``engine.compile()`` first with a backend that counts the graphs it gets (``graphs``; and
+    ``graph_breaks``, dynamo's count) and runs them as traced.
 
     ``checkpoints`` in the result counts the calls of :func:`dscore.checkpointing.checkpoint` made by the
     stage's forward (0 without ``checkpoint_interval``)."""
@@ -188,6 +192,18 @@ def train_pipeline(
     engine, _, _, _ = dscore.initialize(
         model=pipe, config=config(gas, zero_stage=zero_stage, clip=clip, bf16=bf16)
     )
+    graphs = [0]
+    if compiled:
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()
+        counters.clear()
+
+        def recorder(gm: Any, example_inputs: Any) -> Any:
+            graphs[0] += 1
+            return gm.forward
+
+        engine.compile(backend=recorder)
     dp = pipe.grid.data_parallel_id
     losses = []
     norms = []
@@ -211,7 +227,11 @@ def train_pipeline(
         "checkpoints": calls[0],
         "per_step": per_step,
         "skipped_steps": engine.skipped_steps,
+        "is_compiled": engine.is_compiled,
+        "graphs": graphs[0],
     }
+    if compiled:
+        result["graph_breaks"] = sum(counters["graph_break"].values())
     engine.close()
     return result
 
