@@ -18,7 +18,12 @@ Modes:
 * ``report``: regenerate ``docs/deepspeed-suite.md`` from the saved measurements.
 
 Measurements go to ``build/deepspeed-suite/<side>-<mode>.jsonl`` (``side`` is ``dscore`` or ``deepspeed``,
-from the interpreter's ``deepspeed.__version__``). Failures are classed by
+from the interpreter's ``deepspeed.__version__``; ``--out`` elsewhere), each ending with a ``meta`` line
+carrying the UTC ``date`` and the ``commit`` measured (``-dirty`` with uncommitted changes). Unless
+``--no-page``, a measurement is also saved into the repository (``tools/deepspeed_suite/records/`` for
+dscore, ``baseline/`` for DeepSpeed) and the page regenerated: the page always shows the newest collect record
+with the last run records, each marked with its date and commit, so a run taken on an older commit than the
+import-mode numbers is flagged as stale rather than dropped. A collect takes half a minute; a run, hours. Failures are classed by
 ``tools/deepspeed_suite/reasons.toml`` (first matching pattern wins); what no pattern matches is listed as
 unclassified. Exit status: 0 when measured (failing tests are the page's content, not an error), 2 on a usage
 error; with ``../shared`` absent it prints why and exits 0 (skipped).
@@ -50,6 +55,9 @@ PAGE = ROOT / "docs" / "deepspeed-suite.md"
 # The DeepSpeed side's records, kept in the repository: measured once with a real DeepSpeed 0.19.8 (a scratch
 # venv, never a dependency) so the page regenerates without one.
 BASELINE = HERE / "baseline"
+# the dscore side's last records, kept in the repository so the page (and the CI import floor,
+# tests/unit/test_deepspeed_suite_floor.py) regenerate from them without re-running hours of tests
+RECORDS = HERE / "records"
 
 # The snapshot's pytest.ini deselects these markers (besides `sequential`, which the second CI command
 # selects); import mode collects both CI selections at once.
@@ -181,8 +189,23 @@ def _pytest(python: str, record: Path, args: list[str], deadline: float | None) 
             return -1, True
 
 
-def measure(mode: str, python: str, budget: float, timeout: int) -> Path:
-    """Run ``mode`` (``collect`` or ``run``) with ``python``; returns the JSON-lines record written."""
+def _commit() -> str:
+    """The checkout's ``HEAD`` (12 hex digits), ``-dirty`` when tracked files differ from it; ``unknown``
+    outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}-dirty" if dirty else head
+
+
+def measure(mode: str, python: str, budget: float, timeout: int, *, save: bool = True) -> Path:
+    """Run ``mode`` (``collect`` or ``run``) with ``python``; returns the JSON-lines record written to
+    ``OUT_DIR``. With ``save`` it is copied into the repository too (:data:`RECORDS` for dscore,
+    :data:`BASELINE` for DeepSpeed), where the page is generated from."""
     _check_plugins(python)
     side = side_of(python)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -192,7 +215,8 @@ def measure(mode: str, python: str, budget: float, timeout: int) -> Path:
     start = time.monotonic()
     deadline = start + budget if budget > 0 else None
     meta: dict[str, object] = {"kind": "meta", "side": side, "mode": mode, "python": python,
-                               "budget_s": budget, "timeout_s": timeout}
+                               "budget_s": budget, "timeout_s": timeout, "commit": _commit(),
+                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if mode == "collect":
         _, cut = _pytest(python, record, ["--collect-only", "-m", BOTH_SELECTIONS], deadline)
         meta["cut"] = cut
@@ -207,19 +231,23 @@ def measure(mode: str, python: str, budget: float, timeout: int) -> Path:
     meta["wall_s"] = round(time.monotonic() - start, 1)
     with open(record, "a", encoding="utf-8") as f:
         f.write(json.dumps(meta) + "\n")
-    if side == "deepspeed":
-        BASELINE.mkdir(parents=True, exist_ok=True)
-        (BASELINE / record.name).write_bytes(record.read_bytes())
+    if save:
+        kept = BASELINE if side == "deepspeed" else RECORDS
+        kept.mkdir(parents=True, exist_ok=True)
+        (kept / record.name).write_bytes(record.read_bytes())
     return record
 
 
 def record_path(side: str, mode: str) -> Path:
-    """Where ``side``'s ``mode`` record is read from: this checkout's last measurement, else (for the
-    DeepSpeed side) the checked-in baseline."""
-    path = OUT_DIR / f"{side}-{mode}.jsonl"
-    if side == "deepspeed" and not path.exists():
-        return BASELINE / path.name
-    return path
+    """Where the page reads ``side``'s ``mode`` record from: the one saved in the repository
+    (:data:`RECORDS` / :data:`BASELINE`), else this checkout's ``OUT_DIR``."""
+    kept = (BASELINE if side == "deepspeed" else RECORDS) / f"{side}-{mode}.jsonl"
+    return kept if kept.exists() else OUT_DIR / kept.name
+
+
+def taken(m: Measurement) -> str:
+    """``"2026-12-02T07:00:23Z, commit 1234abcd5678"``: when and on what a record was measured."""
+    return f"{m.meta.get('date', 'date not recorded')}, commit {m.meta.get('commit', 'not recorded')}"
 
 
 # ------------------------------------------------------------------------------------------- reading
@@ -320,7 +348,7 @@ def render(reasons: list[Reason]) -> str:
             return "not measured"
         failing = len(m.collect_errors)
         return (f"{len(files) - failing} of {len(files)} files import, {len(m.items)} tests collect "
-                f"({sum(m.items.values())} `sequential`); {m.meta.get('wall_s', '?')} s")
+                f"({sum(m.items.values())} `sequential`); {m.meta.get('wall_s', '?')} s ({taken(m)})")
 
     lines += ["## Import mode", "", f"* dscore: {collect_summary(ours)}", f"* DeepSpeed 0.19.8: {collect_summary(theirs)}",
               ""]
@@ -333,11 +361,17 @@ def render(reasons: list[Reason]) -> str:
         how = "cut by its time box" if m.meta.get("cut") else "complete"
         if m.meta.get("cut") and not m.meta.get("sequential_ran"):
             how += ", before the `sequential` part"
+        stale = ""
+        if m.meta.get("side") == "dscore" and m.meta.get("commit") != ours.meta.get("commit"):
+            stale = "; **stale**: measured on another commit than the import mode above"
         return (f"{c['passed']} passed, {c['failed'] + c['error']} failed, {c['skipped']} skipped in "
-                f"{m.meta.get('wall_s', '?')} s ({how}; per-test timeout {m.meta.get('timeout_s')} s)")
+                f"{m.meta.get('wall_s', '?')} s ({how}; per-test timeout {m.meta.get('timeout_s')} s; "
+                f"{taken(m)}{stale})")
 
-    lines += ["## Run mode", "", f"* dscore: {run_summary(ours_run)}", f"* DeepSpeed 0.19.8: {run_summary(theirs_run)}",
-              ""]
+    lines += ["## Run mode", "",
+              "The last run of each side (hours on two cores, so rarer than import mode): its numbers, and the run",
+              "columns of the tables below, are those of the commit it names.", "",
+              f"* dscore: {run_summary(ours_run)}", f"* DeepSpeed 0.19.8: {run_summary(theirs_run)}", ""]
 
     # per area
     def per_area(m: Measurement | None, key: str) -> collections.Counter[str]:
@@ -397,7 +431,7 @@ def render(reasons: list[Reason]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line (see the module docstring); returns the exit status."""
-    global SUITE  # noqa: PLW0603 - the one setting every helper reads
+    global SUITE, OUT_DIR  # noqa: PLW0603 - the settings every helper reads
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("collect", "run", "report", "all"), nargs="?", default="all",
                     help="all: collect then run (the make target)")
@@ -406,16 +440,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=int, default=300, help="per-test timeout of the run mode, seconds")
     ap.add_argument("--suite", type=Path, default=SUITE_DEFAULT,
                     help="the snapshot folder holding tests/unit (default ../shared/reference/deepspeed-tests)")
-    ap.add_argument("--no-page", action="store_true", help="measure only; leave docs/deepspeed-suite.md")
+    ap.add_argument("--no-page", action="store_true",
+                    help="measure only: leave docs/deepspeed-suite.md and the records saved in the repository")
+    ap.add_argument("--out", type=Path, default=None, help="folder of the measurements (default build/deepspeed-suite)")
     args = ap.parse_args(argv)
     SUITE = args.suite.resolve()
+    if args.out is not None:
+        OUT_DIR = args.out.resolve()
     if not (SUITE / "tests" / "unit").is_dir():
         print(f"deepspeed suite: skipped, {SUITE}/tests/unit is absent (../shared/reference not laid here)")
         return 0
     reasons = load_reasons()
     modes = {"all": ["collect", "run"], "report": []}.get(args.mode, [args.mode])
     for mode in modes:
-        record = measure(mode, args.python, args.budget if mode == "run" else 0, args.timeout)
+        record = measure(mode, args.python, args.budget if mode == "run" else 0, args.timeout, save=not args.no_page)
         m = read(record)
         assert m is not None
         print(f"deepspeed suite [{m.meta['side']} {mode}]: {len(all_files()) - len(m.collect_errors)} of "

@@ -17,6 +17,8 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from deepspeed import _refused_tree
+
 try:
     __version__ = version("deepspeed")
 except PackageNotFoundError:  # imported from a source tree that is not installed
@@ -60,11 +62,34 @@ _LAZY: dict[str, str] = {
     "checkpoint": "deepspeed.checkpoint:",
     "checkpointing": "deepspeed.checkpointing:",
     "launcher": "deepspeed.launcher:",
+    "get_accelerator": "deepspeed.accelerator:get_accelerator",
+    "DeepSpeedConfig": "deepspeed.runtime.config:DeepSpeedConfig",
+    # DeepSpeed 0.19.8 re-exports these from subpackages dscore refuses (deepspeed._refused_tree)
+    "DeepSpeedTransformerLayer": "deepspeed.ops.transformer:DeepSpeedTransformerLayer",
+    "DeepSpeedTransformerConfig": "deepspeed.ops.transformer:DeepSpeedTransformerConfig",
+    "InferenceEngine": "deepspeed.inference.engine:InferenceEngine",
+    "DeepSpeedInferenceConfig": "deepspeed.inference.config:DeepSpeedInferenceConfig",
 }
+# top-level names of DeepSpeed 0.19.8 whose feature dscore lacks: refused when used (deepspeed._not_provided)
+_REFUSED: dict[str, str] = {
+    "init_inference": _refused_tree.refused_reason("deepspeed.inference") or "",
+    "OnDevice": "DeepSpeed's OnDevice (build a module's parameters on a device or the meta device) is not provided: "
+    "build the model under deepspeed.zero.Init to partition it at construction, or with torch.device('meta') "
+    "as a context manager",
+}
+
+
+# DeepSpeed 0.19.8's subpackages whose feature dscore lacks import as refuse-on-use stand-ins
+_refused_tree.install()
 
 
 def __getattr__(name: str) -> Any:
     target = _LAZY.get(name)
+    if target is None and name in _REFUSED:
+        from deepspeed._not_provided import not_provided
+
+        globals()[name] = value = not_provided(f"deepspeed.{name}", _REFUSED[name])
+        return value
     if target is None:
         raise AttributeError(
             f"module 'deepspeed' (dscore's compatibility layer) has no attribute {name!r}; dscore provides "

@@ -18,30 +18,35 @@ _CFG = "dscore_plugins.sched.config"
 SCHEDULER_SPECS: tuple[LRSchedulerSpec, ...] = (
     LRSchedulerSpec(
         name="WarmupLR",
+        exports=_MOD,
         factory=f"{_MOD}:build_warmup_lr",
         params_model=f"{_CFG}:WarmupLRParams",
         description="warm up from warmup_min_lr to warmup_max_lr (log or linear), then hold (DeepSpeed)",
     ),
     LRSchedulerSpec(
         name="WarmupDecayLR",
+        exports=_MOD,
         factory=f"{_MOD}:build_warmup_decay_lr",
         params_model=f"{_CFG}:WarmupDecayLRParams",
         description="WarmupLR then linear decay to warmup_min_lr at total_num_steps (DeepSpeed)",
     ),
     LRSchedulerSpec(
         name="WarmupCosineLR",
+        exports=_MOD,
         factory=f"{_MOD}:build_warmup_cosine_lr",
         params_model=f"{_CFG}:WarmupCosineLRParams",
         description="warm-up then cosine decay of a ratio of the optimizer lr (DeepSpeed)",
     ),
     LRSchedulerSpec(
         name="OneCycle",
+        exports=_MOD,
         factory=f"{_MOD}:build_one_cycle",
         params_model=f"{_CFG}:OneCycleParams",
         description="1-cycle lr/momentum policy with post-cycle decay (DeepSpeed)",
     ),
     LRSchedulerSpec(
         name="LRRangeTest",
+        exports=_MOD,
         factory=f"{_MOD}:build_lr_range_test",
         params_model=f"{_CFG}:LRRangeTestParams",
         description="LR range test: lr grows linearly or in stairs (DeepSpeed)",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-__all__ = ["base_optimizer", "engine", "lr_schedules", "precision_config", "sequence_parallel", "zero"]
+__all__ = ["base_optimizer", "config", "engine", "lr_schedules", "precision_config", "sequence_parallel", "utils", "zero"]
 
 
 def __getattr__(name: str) -> Any:

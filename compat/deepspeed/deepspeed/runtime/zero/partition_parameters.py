@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from deepspeed.accelerator import get_accelerator
+from deepspeed.runtime.zero.linear import zero3_linear_wrap
 from deepspeed.zero import GatheredParameters, Init, register_external_parameter
 from dscore.zero import ZeroParamStatus
 
@@ -27,6 +28,7 @@ __all__ = [
     "ZeroParamStatus",
     "get_accelerator",
     "register_external_parameter",
+    "zero3_linear_wrap",
     "zero_wrapper_for_fp_tensor_constructor",
 ]
 
