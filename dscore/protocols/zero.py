@@ -31,9 +31,8 @@ from dscore.protocols.precision import LossScaler, PrecisionMode
 if TYPE_CHECKING:
     import torch
 
-    from dscore.comm import Comm
-
     from dscore.accelerator import Accelerator
+    from dscore.comm import Comm
     from dscore.config.base import SectionModel
     from dscore.config.model import DscoreConfig
     from dscore.runtime.runtime import Runtime

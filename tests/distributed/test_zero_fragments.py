@@ -61,9 +61,9 @@ def _np(t: torch.Tensor | None) -> Any:
 
 
 def _run(stage: int, precision: str, extra: dict[str, Any]) -> dict[str, Any]:
+    import deepspeed.utils as dsu
     import torch.distributed as dist
 
-    import deepspeed.utils as dsu
     import dscore
     from dscore.errors import FragmentAccessError
     from dscore.zero import fragments as fr

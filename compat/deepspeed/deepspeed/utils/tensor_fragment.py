@@ -15,10 +15,12 @@ stale zeros at ZeRO-3). DeepSpeed's internal mapping objects (``tensor_fragment`
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-
-import torch
+from typing import TYPE_CHECKING
 
 from deepspeed._not_provided import not_provided
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "safe_get_full_fp32_param",
