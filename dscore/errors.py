@@ -25,6 +25,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "OpBuildError",
+    "FragmentAccessError",
     "PartitionedParameterError",
     "did_you_mean",
 ]
@@ -148,6 +149,13 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class OpBuildError(DscoreError, RuntimeError):
     """A C++/CUDA op cannot be built or loaded (missing compiler, CUDA mismatch, build failure)."""
+
+
+class FragmentAccessError(DscoreError, ValueError):
+    """A per-parameter accessor into ZeRO state (:mod:`dscore.zero.fragments`, ``deepspeed.utils.safe_*``)
+    cannot answer: the ZeRO stage does not provide it, the parameter belongs to no engine, no reduced
+    gradient exists now, the optimizer has no such state key, or a value has the wrong number of elements.
+    The message names the parameter and what would be valid."""
 
 
 class PartitionedParameterError(DscoreError, RuntimeError):

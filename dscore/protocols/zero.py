@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from dscore.config.model import DscoreConfig
     from dscore.runtime.runtime import Runtime
 
-__all__ = ["StepOutcome", "ZeroStage", "ZeroStageContext"]
+__all__ = ["ParamFragment", "StepOutcome", "ZeroStage", "ZeroStageContext"]
 
 #: the validated ``zero_optimization`` model a stage reads (the built-in stages: ``ZeroConfig``)
 SectionT = TypeVar("SectionT", bound="SectionModel")
@@ -108,6 +108,56 @@ class StepOutcome:
     applied: bool
     overflow: bool
     global_grad_norm: float | torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class ParamFragment:
+    """Where one module parameter's training state lives on this rank (:meth:`ZeroStage.param_fragment`).
+
+    A parameter's elements, flattened in row-major order, are spread over the ranks of ``comm``; this rank
+    holds ``numel`` of them starting at ``start`` (possibly ``numel == 0``: this rank holds none of them).
+    The per-parameter accessors of :mod:`dscore.zero.fragments` read and write through these views.
+
+    Attributes:
+        name: the parameter's name in the module (for error messages).
+        shape: the parameter's full shape (under stage 3 its ``ds_shape``).
+        start: offset of this rank's first element inside the flattened full parameter.
+        numel: elements of the parameter held by this rank.
+        master: 1-D fp32 view (``numel`` elements) of the master weights the optimizer steps; writing it
+            changes what the next ``step`` updates (the module's low-precision copy follows at that step;
+            under fp32 without offload it *is* the module's storage). May live on the host (offload).
+        optimizer: the optimizer the stage steps (None when the engine has none).
+        optimizer_param: the tensor keyed in ``optimizer.state`` whose flattened state holds this
+            fragment at ``state_offset`` (None when the engine has no optimizer).
+        state_offset: start of this fragment inside the flattened ``optimizer.state[optimizer_param][key]``.
+        grad: 1-D view (``numel`` elements) of the reduced gradient, or None when the stage holds no
+            reduced gradient now (before ``backward`` at a boundary, or after ``step``/``zero_grad``).
+            Still loss-scaled (fp16) and still to be divided by ``grad_divisor``.
+        grad_divisor: what ``grad`` must be divided by to give the averaged gradient (the part of the
+            data-parallel mean the stage folds into its step), 1.0 when ``grad`` is already averaged.
+        comm: the :class:`dscore.comm.Comm` whose ranks together hold the whole parameter (sum over it of
+            every rank's fragment placed at its ``start`` gives the full tensor), or None when this rank
+            holds all of it.
+        device: the device full values are assembled on (the module parameter's compute device).
+        write_weights: ``fn(value)`` writes a full value of the parameter (its full shape, fp32, the same on
+            every rank) into the module's compute-dtype weights held on this rank (the parameter, its
+            partition, a gathered copy), with no communication; :func:`dscore.zero.fragments.set_full_fp32_param`
+            calls it after writing ``master``, so the module's weights follow at once on every rank.
+    """
+
+    name: str
+    shape: torch.Size
+    start: int
+    numel: int
+    master: torch.Tensor
+    optimizer: torch.optim.Optimizer | None
+    optimizer_param: torch.Tensor | None
+    state_offset: int
+    grad: torch.Tensor | None
+    grad_divisor: float
+    comm: Comm | None
+    device: torch.device
+    write_weights: Callable[[torch.Tensor], None]
 
 
 class ZeroStage(abc.ABC):
@@ -254,6 +304,30 @@ class ZeroStage(abc.ABC):
             out["lp_grads"] += [p.grad for p in masters if p.grad is not None]
             out["optim_states"] = [v for st in opt.state.values() for v in st.values() if _is_tensor(v)]
         return out
+
+    def param_fragment(self, param: torch.nn.Parameter) -> ParamFragment | None:
+        """Where ``param``'s fp32 master, reduced gradient and optimizer state live on this rank
+        (DeepSpeed's per-parameter "hp mapping"), for :mod:`dscore.zero.fragments`.
+
+        Args:
+            param: a parameter of ``ctx.module``.
+
+        Returns:
+            Its :class:`ParamFragment`, or None when the stage keeps no training state for it (a frozen
+            parameter).
+
+        Raises:
+            dscore.errors.FragmentAccessError: the stage does not provide per-parameter access (this
+                default; the built-in stages 0-3 override it), or ``param`` is not one of ``ctx.module``'s
+                parameters.
+        """
+        from dscore.errors import FragmentAccessError
+
+        raise FragmentAccessError(
+            f"per-parameter access to ZeRO state (dscore.zero.fragments, deepspeed.utils.safe_get_*) is not "
+            f"provided by {type(self).__module__}.{type(self).__qualname__}: the stage does not implement "
+            "ZeroStage.param_fragment; use engine.module_state_dict() / checkpoints, or a built-in ZeRO stage"
+        )
 
     def close(self) -> None:
         """Release what the stage created outside its tensors (NVMe swap files, I/O threads); run by

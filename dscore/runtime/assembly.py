@@ -297,6 +297,9 @@ def build_zero_stage(
         already_equal=already_equal,
     )
     zero_stage: ZeroStage = stage_cls(ctx)
+    from dscore.zero.fragments import attach
+
+    attach(zero_stage, module.parameters())  # the per-parameter accessors find the stage through its parameters
     return zero_stage
 
 

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GroupLayout",
     "Segment",
+    "chunk_fragment",
     "gather_by_name",
     "load_optimizer_state",
     "load_partitioned_state",
@@ -46,6 +47,27 @@ def packed_offsets(numels: Sequence[int]) -> tuple[list[int], int]:
         offsets.append(total)
         total += int(n)
     return offsets, total
+
+
+def chunk_fragment(offset: int, numel: int, chunk: int, rank: int) -> tuple[int, int, int]:
+    """Which elements of one parameter rank ``rank``'s chunk of a segment holds.
+
+    Args:
+        offset: start of the parameter inside the padded segment (elements).
+        numel: the parameter's elements.
+        chunk: elements per rank (the segment is ``world * chunk`` long; rank ``r`` owns
+            ``[r * chunk, (r + 1) * chunk)``).
+        rank: the rank inside the group the segment is partitioned over.
+
+    Returns:
+        ``(start in the flattened parameter, start in the rank's chunk, length)``; ``(0, 0, 0)`` when the
+        chunk holds none of the parameter.
+    """
+    lo = max(offset, rank * chunk)
+    hi = min(offset + numel, (rank + 1) * chunk)
+    if hi <= lo:
+        return 0, 0, 0
+    return lo - offset, lo - rank * chunk, hi - lo
 
 
 @dataclass

@@ -61,11 +61,11 @@ from typing import Any
 import torch
 
 from dscore.comm import Work
-from dscore.errors import ConfigError
+from dscore.errors import ConfigError, FragmentAccessError
 from dscore.moe.checkpoint import ExpertNaming
-from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
+from dscore.protocols.zero import ParamFragment, StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
-from dscore.zero.layout import GroupLayout, Segment, load_partitioned_state, partitioned_state_dict
+from dscore.zero.layout import GroupLayout, Segment, chunk_fragment, load_partitioned_state, partitioned_state_dict
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
 from dscore_plugins.zero.config import ZeroConfig
@@ -80,6 +80,13 @@ __all__ = ["PartitionedOptimizerStage"]
 log = logging.getLogger("dscore.zero")
 
 _MAX_INFLIGHT = 2
+
+
+@torch.no_grad()
+def _write_param(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+    """Copy a full value into the module parameter (a view of the flat parameter buffer: every rank holds
+    it whole, so writing the same value on every rank keeps the replicas equal)."""
+    param.data.copy_(value.reshape(param.shape))
 
 
 class PartitionBucket(ReduceBucket):
@@ -170,6 +177,7 @@ class PartitionedOptimizerStage(ZeroStage):
             self._build_group(gi, params, names)
         self._optimizer = build_optimizer(ctx, self.masters, self.group_params)
         flat_masters = [m for ms in self.masters for m in ms]  # bucket order, as self.buckets
+        self._bucket_master = {id(b): m for b, m in zip(self.buckets, flat_masters)}
         self._nvme = nvme_attach(ctx, self._optimizer, flat_masters,
                                  [b.data[b.rank * b.chunk : (b.rank + 1) * b.chunk] for b in self.buckets], self.rank)
         if self._nvme is not None:  # masters and state now live in swap files: drop the other references
@@ -445,6 +453,41 @@ class PartitionedOptimizerStage(ZeroStage):
                     p.grad = None
         self._fresh = True
         self._reduced = False
+
+    def param_fragment(self, param: torch.nn.Parameter) -> ParamFragment | None:
+        """``param``'s elements in this rank's chunk of its bucket: views of the fp32 master chunk, of the
+        fp32 gradient chunk (held from the reduction, at the boundary for stage 1 and every micro step for
+        stage 2, until ``step``; the division by the world size is still pending unless fp16) and of the
+        optimizer state of the bucket's master parameter; partitioned over the bucket's group.
+
+        Raises:
+            FragmentAccessError: ``param`` is not a parameter of the engine's module, or the masters live in
+                NVMe swap files (``offload_optimizer: nvme``).
+        """
+        names = {id(p): n for n, p in self.ctx.module.named_parameters()}
+        hit = self._param_bucket.get(id(param))
+        if hit is None:
+            if id(param) in names:
+                return None  # frozen: no master, gradient or optimizer state
+            raise FragmentAccessError(
+                f"the tensor (shape {tuple(param.shape)}) is not a parameter of this engine's module; pass one of "
+                "engine.module.parameters()"
+            )
+        name = names.get(id(param), f"param_{id(param)}")
+        if self._nvme is not None:
+            raise FragmentAccessError(
+                f"per-parameter access to {name!r}: with zero_optimization.offload_optimizer.device 'nvme' the fp32 "
+                "masters and optimizer state live in swap files between steps; use offload_optimizer.device 'cpu' "
+                "or 'none', or read the state with engine.save_checkpoint()"
+            )
+        b, k = hit
+        start, cstart, n = chunk_fragment(b.offsets[k], b.numels[k], b.chunk, b.rank)
+        return ParamFragment(
+            name=name, shape=param.shape, start=start, numel=n, master=b.master[cstart : cstart + n],
+            optimizer=self._optimizer, optimizer_param=self._bucket_master[id(b)], state_offset=cstart,
+            grad=b.master_grad[cstart : cstart + n] if self._reduced else None, grad_divisor=float(self.divisors[1]),
+            comm=b.comm, device=b.data.device, write_weights=lambda value: _write_param(param, value),
+        )
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -46,11 +46,11 @@ from typing import Any
 
 import torch
 
-from dscore.errors import ConfigError
+from dscore.errors import ConfigError, FragmentAccessError
 from dscore.moe.checkpoint import ExpertNaming
 from dscore.moe.groups import expert_groups
 from dscore.moe.utils import is_moe_param
-from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
+from dscore.protocols.zero import ParamFragment, StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.optimizer import collective_device, optimizer_state_bytes, unique_trainable
 from dscore.zero.reducer import GradientReducer, ReduceBucket, comm_dtype_of, gradient_divisors
@@ -74,6 +74,12 @@ class NoOpOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:  # noqa: D401 - torch signature
         return closure() if closure is not None else None
+
+
+@torch.no_grad()
+def _write_param(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+    """Copy a full value into the module parameter (a view of the stage's flat buffer when master weights)."""
+    param.data.copy_(value.reshape(param.shape))
 
 
 class _FlatGroup:
@@ -191,6 +197,8 @@ class Stage0(ZeroStage):
             for p, mp in zip(g.params, g.master_params or g.params):
                 target[id(p)] = mp
         self._optimizer = self._build_optimizer(target)
+        self._target = target
+        self._flat_index: dict[int, tuple[_FlatGroup, int]] | None = None  # built by param_fragment
         self._flat_optimizer_grads = [g.reduce_target() for g in self.groups]
         log.debug(
             "stage 0: %d parameter(s) in %d flat buffer(s), master weights=%s, world=%d",
@@ -418,6 +426,41 @@ class Stage0(ZeroStage):
         bufs = [g.grad for g in self.groups] + [g.master_grad for g in self.groups if g.master_grad is not None]
         if bufs:
             torch._foreach_zero_(bufs)
+
+    def param_fragment(self, param: torch.nn.Parameter) -> ParamFragment | None:
+        """The whole parameter (nothing is partitioned at stage 0): its fp32 master slice (the parameter
+        itself under fp32), its averaged gradient from the boundary's ``backward`` until ``step``, and the
+        optimizer state of the tensor the optimizer steps for it.
+
+        Raises:
+            FragmentAccessError: ``param`` is not a parameter of the engine's module.
+        """
+        if self._flat_index is None:
+            index: dict[int, tuple[_FlatGroup, int]] = {}
+            for g in self.groups:
+                off = 0
+                for p in g.params:
+                    index[id(p)] = (g, off)
+                    off += p.numel()
+            self._flat_index = index
+        names = {id(p): n for n, p in self.ctx.module.named_parameters()}
+        hit = self._flat_index.get(id(param))
+        if hit is None or not param.requires_grad:
+            if id(param) in names:
+                return None  # frozen: no master, gradient or optimizer state
+            raise FragmentAccessError(
+                f"the tensor (shape {tuple(param.shape)}) is not a parameter of this engine's module; pass one of "
+                "engine.module.parameters()"
+            )
+        g, off = hit
+        n = param.numel()
+        master = g.master[off : off + n] if g.master is not None else param.data.view(-1)
+        return ParamFragment(
+            name=names.get(id(param), f"param_{id(param)}"), shape=param.shape, start=0, numel=n, master=master,
+            optimizer=self._optimizer, optimizer_param=self._target.get(id(param)) if self._optimizer else None,
+            state_offset=0, grad=g.grad[off : off + n] if self._reduced else None, grad_divisor=1.0,  # _reduce divided
+            comm=None, device=param.device, write_weights=lambda value: _write_param(param, value),
+        )
 
     # ------------------------------------------------------------------ checkpoints
     def _named(self) -> Iterator[tuple[str, torch.nn.Parameter]]:

@@ -78,11 +78,12 @@ from typing import Any
 
 import torch
 
-from dscore.errors import ConfigError
+from dscore.errors import ConfigError, FragmentAccessError
 from dscore.moe.utils import is_moe_param
-from dscore.protocols.zero import StepOutcome, ZeroStage, ZeroStageContext
+from dscore.protocols.zero import ParamFragment, StepOutcome, ZeroStage, ZeroStageContext
 from dscore.runtime.timers import active_timers, clock
 from dscore.zero.buffer_cache import GatherBufferCache
+from dscore.zero.layout import chunk_fragment
 from dscore.zero.leaf import apply_leaf_module_config
 from dscore.zero.optimizer import build_optimizer, optimizer_state_bytes, unique_trainable
 from dscore.zero.reducer import GradientReducer, comm_dtype_of, gradient_divisors
@@ -419,6 +420,67 @@ class Stage3(StateIO, Coordinator, ZeroStage):
                 for p in s.unit.params:
                     p.grad = None
         self._fresh = True
+
+    def param_fragment(self, param: torch.nn.Parameter) -> ParamFragment | None:
+        """``param``'s elements in this rank's chunk of its unit: views of the group's fp32 master partition,
+        of its fp32 gradient partition (held from the first ``backward`` of a window until ``step``; the
+        division by the world size still pending unless fp16) and of the optimizer state of the group's
+        master; shape is the parameter's ``ds_shape``, partitioned over the unit's group.
+
+        Raises:
+            FragmentAccessError: ``param`` is not a parameter of the engine's module, or the masters live in
+                NVMe swap files (``offload_optimizer: nvme``).
+        """
+        index = getattr(self, "_param_index", None)
+        if index is None:
+            index = self._param_index = {id(p): (s, i) for s in self.units for i, p in enumerate(s.unit.params)}
+        hit = index.get(id(param))
+        if hit is None or hit[0].unit.params[hit[1]] is not param:
+            raise FragmentAccessError(
+                f"the tensor ({type(param).__name__}) is not a parameter of this engine's module; pass one of "
+                "engine.module.parameters()"
+            )
+        s, i = hit
+        if not s.trainable:
+            return None  # frozen: no master, gradient or optimizer state
+        name = self.names.get(id(param), f"param_{id(param)}")
+        master = self.masters[s.key]
+        assert master is not None
+        if self._nvme is not None:
+            raise FragmentAccessError(
+                f"per-parameter access to {name!r}: with zero_optimization.offload_optimizer.device 'nvme' the fp32 "
+                "masters and optimizer state live in swap files between steps; use offload_optimizer.device 'cpu' "
+                "or 'none', or read the state with engine.save_checkpoint()"
+            )
+        u = s.unit
+        start, cstart, n = chunk_fragment(u.offsets[i], u.numels[i], u.chunk, u.rank)
+        off = s.part_offset + cstart
+        return ParamFragment(
+            name=name, shape=u.shapes[i], start=start, numel=n, master=master.data[off : off + n],
+            optimizer=self._optimizer, optimizer_param=master, state_offset=off,
+            grad=None if self._fresh else self.master_grads[s.key][off : off + n],
+            grad_divisor=float(self.divisors[1]), comm=u.comm, device=self.device,
+            write_weights=lambda value: self._write_weights(s, i, value),
+        )
+
+    @torch.no_grad()
+    def _write_weights(self, s: Any, i: int, value: torch.Tensor) -> None:
+        """A full value of parameter ``i`` of unit ``s`` into this rank's compute-dtype partition and, while
+        the unit is gathered, its full copy (every rank writes the same value: nothing to communicate)."""
+        u = s.unit
+        flat = value.reshape(-1)
+        start, cstart, n = chunk_fragment(u.offsets[i], u.numels[i], u.chunk, u.rank)
+        if n:
+            target = self._partition_target(s.key)
+            own = flat[start : start + n].to(self.compute_dtype)
+            if isinstance(target, torch.Tensor):
+                target[s.part_offset + cstart : s.part_offset + cstart + n].copy_(own)
+            else:  # parameters on NVMe: a write into the unit's swap file
+                target(s.part_offset + cstart, own)
+        if u.gathered:
+            u.full[u.offsets[i] : u.offsets[i] + u.numels[i]].copy_(flat)
+        if self.hpz is not None:  # the unit's secondary partition is stale
+            self.hpz.invalidate([u])
 
     def empty_partition_cache(self) -> None:
         """Release every gathered, non-persistent unit (not one in use by a running forward) and free the

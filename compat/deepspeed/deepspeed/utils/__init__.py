@@ -3,7 +3,8 @@
 ``logger`` is dscore's logger (``logging.getLogger("dscore")``): integrations set its level (Trainer does
 ``deepspeed.utils.logger.setLevel(...)``) and that governs dscore's messages. The leaf-module helpers are
 dscore's (``dscore.zero``), imported when first used; ``groups`` maps DeepSpeed's group accessors onto
-:mod:`dscore.parallel.groups`.
+:mod:`dscore.parallel.groups`; the ``safe_get_full_fp32_param`` family (:mod:`deepspeed.utils.tensor_fragment`)
+reads and writes ZeRO's partitioned state through :mod:`dscore.zero.fragments`.
 """
 
 from __future__ import annotations
@@ -28,17 +29,45 @@ __all__ = [
 ]
 
 # DeepSpeed's per-parameter accessors into ZeRO's partitioned fp32 weights, gradients and optimizer state
-# (deepspeed/utils/tensor_fragment.py): dscore's engine has no per-parameter accessor yet.
-_FRAGMENT_WHY = ("dscore's engine has no per-parameter accessor into ZeRO's partitioned state; read the whole fp32 "
-                 "state with engine.consolidated_16bit_state_dict() or dscore.checkpoint.get_fp32_state_dict_from_checkpoint")
-for _name in ("safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
-              "safe_set_full_fp32_param", "safe_set_full_grad", "safe_set_full_optimizer_state",
-              "safe_get_local_fp32_param", "safe_get_local_grad", "safe_get_local_optimizer_state",
-              "safe_set_local_fp32_param", "safe_set_local_grad", "safe_set_local_optimizer_state",
-              "safe_update_full_grad_vectorized", "get_full_hp_param", "get_full_hp_grad", "set_full_hp_param",
-              "set_full_hp_grad", "tensor_fragment", "fragment_address", "get_hp_fragment_mapping",
-              "map_to_flat_opt_states", "link_hp_params", "lazy_init_hp_params_optimizer_state"):
-    globals()[_name] = not_provided(f"deepspeed.utils.{_name}", _FRAGMENT_WHY)
+# (deepspeed/utils/tensor_fragment.py), onto dscore.zero.fragments
+from deepspeed.utils.tensor_fragment import (  # noqa: E402
+    fragment_address,
+    get_full_hp_grad,
+    get_full_hp_param,
+    get_hp_fragment_mapping,
+    map_to_flat_opt_states,
+    safe_get_full_fp32_param,
+    safe_get_full_grad,
+    safe_get_full_optimizer_state,
+    safe_get_local_fp32_param,
+    safe_get_local_grad,
+    safe_get_local_optimizer_state,
+    safe_set_full_fp32_param,
+    safe_set_full_grad,
+    safe_set_full_optimizer_state,
+    safe_set_local_fp32_param,
+    safe_set_local_grad,
+    safe_set_local_optimizer_state,
+    safe_update_full_grad_vectorized,
+    set_full_hp_grad,
+    set_full_hp_param,
+    tensor_fragment,
+)
+
+__all__ += [
+    "fragment_address", "get_full_hp_grad", "get_full_hp_param", "get_hp_fragment_mapping", "map_to_flat_opt_states",
+    "safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state", "safe_get_local_fp32_param",
+    "safe_get_local_grad", "safe_get_local_optimizer_state", "safe_set_full_fp32_param", "safe_set_full_grad",
+    "safe_set_full_optimizer_state", "safe_set_local_fp32_param", "safe_set_local_grad",
+    "safe_set_local_optimizer_state", "safe_update_full_grad_vectorized", "set_full_hp_grad", "set_full_hp_param",
+    "tensor_fragment",
+]
+
+# deepspeed/utils/mixed_precision_linkage.py builds DeepSpeed's lp->hp links inside its optimizers
+_LINK_WHY = ("DeepSpeed's lp/hp parameter linking is internal to its ZeRO optimizers; dscore's stages map parameters "
+             "themselves (use deepspeed.utils.safe_get_full_fp32_param & co. or dscore.zero.fragments)")
+for _name in ("link_hp_params", "lazy_init_hp_params_optimizer_state"):
+    globals()[_name] = not_provided(f"deepspeed.utils.{_name}", _LINK_WHY)
     __all__.append(_name)
 del _name
 
