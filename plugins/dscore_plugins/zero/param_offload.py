@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import types
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from dscore_plugins.zero.stage3 import Stage3
 
 __all__ = ["ParameterCoordinatorView", "ParameterOffload", "install_external_parameter_views"]
 
@@ -35,7 +32,7 @@ class ParameterCoordinatorView:
     order of the next training forward and adopts it at that micro step's backward.
     """
 
-    def __init__(self, stage: Stage3) -> None:
+    def __init__(self, stage: Any) -> None:
         self._stage = stage
 
     def is_invalid_trace(self) -> bool:
@@ -62,8 +59,8 @@ class ParameterOffload:
         param_coordinator: a :class:`ParameterCoordinatorView`.
     """
 
-    def __init__(self, stage: Stage3) -> None:
-        self._stage = stage
+    def __init__(self, stage: Any) -> None:
+        self._stage = stage  # the Stage3 (typed Any: stage3 imports this module)
         self.module: torch.nn.Module = stage.ctx.module
         self.forward_hooks: list[Any] = []
         self.backward_hooks: list[Any] = []
