@@ -335,11 +335,18 @@ class GatheredParameters:
             a local edit the others do not see. Else the rank whose (possibly modified) values are
             broadcast to every rank and re-partitioned on exit (fp32 master weights of a live stage-3
             engine are refreshed through the unit's ``on_modified`` callbacks).
-        fwd_module: accepted for DeepSpeed compatibility (external parameter registration) and ignored.
+        fwd_module: DeepSpeed registers the parameters as external parameters of this module so that its
+            forward finds them gathered; here they are held gathered for the whole context (the stage-3 hooks
+            of any module's forward never release a held unit), which gives that effect, so nothing needs
+            registering.
         enabled: False makes the context a no-op.
 
-    Every rank of the group must enter the context (it runs collectives). Units that were released
-    before entering are released again on exit. When partitioned parameters are given, entering first
+    Every rank of the group must enter the context (it runs collectives). Contexts nest and may overlap in
+    any order: each unit counts the contexts holding it (``FlatUnit.holds``); a unit that a context found
+    released is released again when the *last* context holding it exits, so an inner context never
+    releases what an outer one holds, and a read-only inner context does not discard an outer
+    ``modifier_rank`` context's pending writes. Units gathered by the training hooks or persistent ones
+    stay gathered. When partitioned parameters are given, entering first
     checks that every rank arrived (:func:`dscore.comm.guard.ensure_all_arrived`, method
     ``"GatheredParameters"``): a rank that does not come within ``DSCORE_ARRIVAL_TIMEOUT`` seconds makes
     the others raise ``CollectiveArrivalError`` naming it.
@@ -364,29 +371,44 @@ class GatheredParameters:
                 seen.add(id(u))
                 units.append(u)
         self.units = units
-        self._was_gathered: list[bool] = []
+        self._entered = False
         self._versions: list[tuple[torch.Tensor, int]] = []
 
     def __enter__(self) -> GatheredParameters:
         if not self.enabled:
             return self
+        if self._entered:
+            raise RuntimeError("GatheredParameters: this context object is already entered; make a new one per with")
         if self.units:  # nothing partitioned: no collective, so no arrival check either
             from dscore.comm.guard import ensure_all_arrived
 
             ensure_all_arrived("GatheredParameters", group=self.units[0].comm.group)
-        self._was_gathered = [u.gathered for u in self.units]
-        for u in self.units:
-            u.gather(async_op=True)
-        for u in self.units:
-            u.wait()
+        fresh = [not u.gathered for u in self.units]
+        try:
+            for u in self.units:
+                u.gather(async_op=True)
+            for u in self.units:
+                u.wait()
+        except BaseException:
+            for u, f in zip(self.units, fresh):
+                if f and u.holds == 0:
+                    u.release()
+            raise
+        for u, f in zip(self.units, fresh):
+            u.held_gather = u.held_gather or f
+            u.holds += 1
+        self._entered = True
         if self.modifier_rank is None:
             # in-place writes bump a tensor's version counter: comparing it at exit costs no copy
             self._versions = [(p, p._version) for u in self.units for p in u.params]
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
-        if not self.enabled:
+        if not self.enabled or not self._entered:
             return
+        self._entered = False
+        for u in self.units:
+            u.holds -= 1
         if self.modifier_rank is not None and exc_type is None:
             for u in self.units:
                 u.comm.broadcast(u.full, u.comm.global_rank(self.modifier_rank))
@@ -395,15 +417,16 @@ class GatheredParameters:
             _warn_discarded_writes(self._versions)
             # read-only: units that stay gathered get the partitions' values back, so an in-place edit on
             # some ranks cannot survive on those ranks only (no collective when leaving on an exception,
-            # which may be raised on one rank only)
-            kept = [u for u, was in zip(self.units, self._was_gathered) if was]
+            # which may be raised on one rank only). Units an outer context still holds are that context's.
+            kept = [u for u in self.units if u.holds == 0 and not u.held_gather]
             for u in kept:
                 u.refresh(async_op=True)
             for u in kept:
                 u.wait()
         self._versions = []
-        for u, was in zip(self.units, self._was_gathered):
-            if not was:
+        for u in self.units:
+            if u.holds == 0 and u.held_gather:
+                u.held_gather = False
                 u.release()
 
 

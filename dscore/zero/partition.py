@@ -19,6 +19,7 @@ the stage-3 plugin builds and drives them during training.
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -33,6 +34,9 @@ from dscore.zero.released import mark_available, mark_released
 __all__ = ["ALL_GATHER", "AllGather", "FlatUnit", "GatherStrategy", "ZeroParamStatus", "unit_of", "is_partitioned"]
 
 _UNIT_ATTR = "_dscore_unit"
+
+# DeepSpeed numbers partitioned parameters in creation order (``param.ds_id``)
+_PARAM_IDS = itertools.count()
 
 
 class ZeroParamStatus(enum.Enum):
@@ -165,7 +169,13 @@ class FlatUnit:
                 f"partition for unit {name!r} must be {self.chunk} elements of {dtype}, "
                 f"got {partition.numel()} of {partition.dtype}"
             )
-        self.partition = partition
+        #: ids of the modules whose forward is using this unit (every parameter's ``ds_active_sub_modules``)
+        self.active_sub_modules: set[int] = set()
+        #: GatheredParameters contexts holding the unit gathered; training code does not release it meanwhile
+        self.holds = 0
+        #: True when a GatheredParameters context gathered the unit (released when the last hold ends)
+        self.held_gather = False
+        self._partition = partition
         self.gathered = True
         self.persistent = False
         self.on_modified: list[Callable[[FlatUnit], None]] = []
@@ -177,17 +187,44 @@ class FlatUnit:
         self.bind_views()
 
     # ------------------------------------------------------------------ layout
+    @property
+    def partition(self) -> torch.Tensor:
+        """This rank's ``chunk`` elements of the unit (1-D). Assigning it re-points every parameter's
+        ``ds_tensor``."""
+        return self._partition
+
+    @partition.setter
+    def partition(self, value: torch.Tensor) -> None:
+        self._partition = value
+        self._bind_partition_views()
+
+    def _bind_partition_views(self) -> None:
+        # param.ds_tensor: the parameter's elements inside this rank's chunk (DeepSpeed partitions each
+        # parameter by itself; here a parameter's share of the unit's chunk, possibly empty)
+        lo = self.rank * self.chunk
+        part = self._partition
+        whole = part.numel() == self.chunk
+        for p, off, n in zip(self.params, self.offsets, self.numels):
+            a, b = max(off, lo) - lo, min(off + n, lo + self.chunk) - lo
+            p.ds_tensor = part[a:b] if whole and b > a else part[0:0]  # type: ignore[attr-defined]
+
     def bind_views(self) -> None:
-        """Point every parameter's ``.data`` at its slice of ``full`` and tag it with this unit."""
+        """Point every parameter's ``.data`` at its slice of ``full`` and tag it with this unit (and the
+        DeepSpeed attributes ``ds_shape``, ``ds_numel``, ``ds_status``, ``ds_id``, ``ds_tensor``,
+        ``ds_active_sub_modules``, ``partition_numel()``)."""
         for p, shape, off, n in zip(self.params, self.shapes, self.offsets, self.numels):
             p.data = self.full[off : off + n].view(shape)
             p.ds_shape = shape  # type: ignore[attr-defined]
             p.ds_numel = n  # type: ignore[attr-defined]
+            if not hasattr(p, "ds_id"):  # kept when zero.Init's unit is re-laid out by the stage
+                p.ds_id = next(_PARAM_IDS)  # type: ignore[attr-defined]
+            p.ds_active_sub_modules = self.active_sub_modules  # type: ignore[attr-defined]
             p.ds_status = ZeroParamStatus.AVAILABLE if self.gathered else ZeroParamStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
             (mark_available if self.gathered else mark_released)(p)
             lo, hi = self.rank * self.chunk, (self.rank + 1) * self.chunk
             p.partition_numel = _Count(max(0, min(off + n, hi) - max(off, lo)))  # type: ignore[attr-defined]
             setattr(p, _UNIT_ATTR, self)
+        self._bind_partition_views()
 
     def _set_status(self, status: ZeroParamStatus) -> None:
         # a released parameter's class refuses torch calls on its absent values (dscore.zero.released)

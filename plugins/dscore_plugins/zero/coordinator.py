@@ -110,7 +110,8 @@ class Coordinator(DivergenceCheck):
             live -= s.unit.numel
 
     def _release(self, s: UnitState) -> None:
-        if s.unit.persistent:
+        # a unit a GatheredParameters context holds stays gathered (and tracked) until that context ends
+        if s.unit.persistent or s.unit.holds:
             return
         s.unit.release()
         self._gathered.pop(id(s.unit), None)
@@ -152,6 +153,7 @@ class Coordinator(DivergenceCheck):
             self._recording.append(mod)
         for s in units:
             self._in_use.add(id(s.unit))
+            s.unit.active_sub_modules.add(id(mod))  # the parameters' ds_active_sub_modules
         timers = active_timers()
         t0 = clock(timers)
         # launch this module's gathers and the prefetches before waiting, so all are in flight together
@@ -170,6 +172,7 @@ class Coordinator(DivergenceCheck):
         units = self.module_units[mod]
         for s in units:
             self._in_use.discard(id(s.unit))
+            s.unit.active_sub_modules.discard(id(mod))
         grad = torch.is_grad_enabled()
         keep = grad and self._reuse_distance(mod) <= self.max_reuse
         # a unit kept for backward needs no re-gather unless max_live_parameters may evict it

@@ -95,6 +95,7 @@ from dscore_plugins.zero.host_memory import apply_host_malloc_policy
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
 from dscore_plugins.zero.nvme_params import attach as nvme_attach_params
 from dscore_plugins.zero.offload import offload_device, offload_pin
+from dscore_plugins.zero.param_offload import ParameterOffload, install_external_parameter_views
 from dscore_plugins.zero.state import StateIO
 from dscore_plugins.zero.step import step_partitions
 from dscore_plugins.zero.units import UnitBucket, UnitState
@@ -133,6 +134,8 @@ class Stage3ParameterManager:
     def __init__(self, stage: Stage3) -> None:
         self._stage = stage
         self.param_groups: list[dict[str, Any]] = []
+        #: the stage's module-hook handle (:class:`~dscore_plugins.zero.param_offload.ParameterOffload`)
+        self.parameter_offload = stage.parameter_offload
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full module state dict, gathered unit by unit (collective: call on every rank)."""
@@ -261,6 +264,7 @@ class Stage3(StateIO, Coordinator, ZeroStage):
                 self.module_units[mod] = units
         self.module_names = {m: n for n, m in module.named_modules()}
         name_parameters(module)  # a released parameter's error names it ("lin.weight")
+        install_external_parameter_views(module)
         self.leaf_units = self._merge_leaves(module)
         self.device = device or torch.device("cpu")
         if self.device.type == "cpu" or self.offload_param:
@@ -289,12 +293,10 @@ class Stage3(StateIO, Coordinator, ZeroStage):
 
         self._reset_coordinator()  # the forward trace (construction order until the first forward), nothing gathered
         self._fresh = True
+        # the module hooks are optimizer.parameter_offload.forward_hooks (TRL removes and re-adds them)
+        self.parameter_offload = ParameterOffload(self)
+        self.parameter_offload.forward_hooks = self._register_module_hooks()
         self._hooks: list[Any] = []
-        for mod in self.module_units:
-            self._hooks.append(mod.register_forward_pre_hook(ModuleHook(self._pre_forward)))
-            self._hooks.append(mod.register_forward_hook(ModuleHook(self._post_forward)))
-        # a forward without autograd (evaluation) has no backward to check it: check at the model's end
-        self._hooks.append(module.register_forward_hook(ModuleHook(self._root_post_forward)))
         # every trainable unit is one bucket; launched as soon as it is complete (every rank runs the same
         # graph, so units complete in the same order everywhere), and released right after the launch
         buckets = [
@@ -332,12 +334,26 @@ class Stage3(StateIO, Coordinator, ZeroStage):
         ]
         self.reducer: GradientReducer | ReducerSet = reducers[0] if len(reducers) == 1 else ReducerSet(reducers)
         self._hooks.extend(self.reducer.register_hooks())
+        if self._optimizer is not None:  # where DeepSpeed's stage-3 optimizer keeps it
+            self._optimizer.parameter_offload = self.parameter_offload  # type: ignore[attr-defined]
         log.info(
             "ZeRO stage 3: %d unit(s), %d elements, %d per rank, %d persistent, world=%d, offload opt=%s param=%s",
             len(self.units), sum(s.unit.numel for s in self.units), sum(s.unit.chunk for s in self.units),
             sum(1 for s in self.units if s.unit.persistent), self.world, self.offload_opt, self.offload_param,
         )
 
+
+    def _register_module_hooks(self) -> list[Any]:
+        """Register the stage's forward pre/post hooks on every module owning units, and the root's
+        post-forward check; returns their handles (:attr:`parameter_offload`'s ``forward_hooks``)."""
+        module = self.ctx.module
+        hooks: list[Any] = []
+        for mod in self.module_units:
+            hooks.append(mod.register_forward_pre_hook(ModuleHook(self._pre_forward)))
+            hooks.append(mod.register_forward_hook(ModuleHook(self._post_forward)))
+        # a forward without autograd (evaluation) has no backward to check it: check at the model's end
+        hooks.append(module.register_forward_hook(ModuleHook(self._root_post_forward)))
+        return hooks
 
     # ------------------------------------------------------------------ contract
     @property
