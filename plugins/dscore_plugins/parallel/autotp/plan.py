@@ -413,7 +413,8 @@ def apply_autotp(model: torch.nn.Module, mesh: ParallelMesh, config: TensorParal
 
 def _collective_device(model: torch.nn.Module) -> torch.device:
     """Where the pre-split broadcast runs: the runtime's accelerator inside ``initialize``; outside one
-    (:func:`tp_model_init`) the current CUDA device under NCCL, else the model's device."""
+    (:func:`tp_model_init`) the device the default group's collectives take
+    (:func:`dscore.comm.objects.object_device`), else the model's device."""
     import torch.distributed as dist
 
     from dscore.runtime.context import current_runtime
@@ -422,8 +423,10 @@ def _collective_device(model: torch.nn.Module) -> torch.device:
         return torch.device(current_runtime().accelerator.current_device_name())
     except DscoreError:
         pass
-    if dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl" and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
+    if dist.is_available() and dist.is_initialized():
+        from dscore.comm.objects import object_device
+
+        return object_device(None)  # the host for gloo/MPI, else torch's current accelerator device
     probe = next(iter(model.parameters()), None)
     return probe.device if probe is not None else torch.device("cpu")
 
