@@ -78,6 +78,9 @@ def _capacity(num_tokens: int, num_experts: int, capacity_factor: float, min_cap
     return max(int(math.ceil(num_tokens / num_experts * capacity_factor)), int(min_capacity))
 
 
+# the capacity without token dropping is data-dependent (a host value agreed over the expert group): under
+# torch.compile this is one clean graph break per gating call rather than dynamo tracing a collective and .item()
+@torch.compiler.disable
 def _max_over(count: torch.Tensor, ep_comm: Any) -> int:
     value = count.detach().to(torch.int64).reshape(1).clone()
     if ep_comm is not None and ep_comm.get_world_size() > 1:

@@ -148,6 +148,9 @@ class TensorParallelStage(ZeroStage):
         total = parts[0] + parts[1]
         return torch.where(parts[2] > 0, torch.full_like(total, float("inf")), total).to(torch.float32)
 
+    # one-time check made of object collectives and a hook removal: under torch.compile it runs eagerly (one
+    # graph break on the first forward) instead of dynamo tracing into pickling and failing ~30 times
+    @torch.compiler.disable
     def _check_batch(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._hook.remove()
         mine = _fingerprint(args, kwargs).to(collective_device())

@@ -54,9 +54,15 @@ def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         What ``function`` returns: a tensor, or a tuple/list of tensors and other values (returned as a
         tuple). Floating-point output tensors require grad when grad mode is on.
 
-    Under ``torch.compile`` the checkpointed call runs eagerly (a graph break), so its recompute replays
-    the forward's random numbers on every backend (DeepSpeed #6811: Inductor's dropout does not draw from
-    the global generator that the replay restores).
+    Under ``torch.compile`` the call is traced (no graph break) as torch's non-reentrant checkpoint, whose
+    recompute draws the forward's random numbers on every backend: AOTAutograd backends (``aot_eager``,
+    ``inductor``) recompute from the forward's functionalised seeds, and where dynamo's graph runs as Python
+    (``backend="eager"``, on which torch itself does not replay the RNG under compile) dscore's recompute
+    context swaps in the forward's CPU and accelerator RNG states and restores the caller's afterwards.
+    With ``cpu_checkpointing``, ``contiguous_memory_optimization``, ``synchronize_checkpoint_boundary`` or
+    ``profile`` on, which a compiled graph cannot express, the call runs eagerly instead (a graph break per
+    call; a warning names the keys once) and those settings work as without compile.
+    ``partition_activations`` has no effect at dscore's model-parallel size 1, compiled or not.
 
     Raises:
         CheckpointingError: see :class:`CheckpointingError` (contiguous buffer misuse); keyword arguments

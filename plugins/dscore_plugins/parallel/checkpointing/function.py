@@ -6,6 +6,11 @@ with ``contiguous_memory_optimization``); run the function with autograd off.
 Backward: bring the inputs back, swap in the saved RNG states (the caller's are restored afterwards,
 so recomputing does not shift later random draws), run the function again with autograd on, and
 back-propagate the incoming gradients through that graph.
+
+Under ``torch.compile`` (``torch.compiler.is_compiling()``) :func:`run_checkpoint` calls torch's
+non-reentrant checkpoint instead, which dynamo captures as one op, with :func:`_compiled_contexts` making the
+recompute replay the forward's RNG whichever backend runs the graph; the settings a graph cannot express
+send the call to the eager function above (a graph break).
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch  # noqa: TID253 (this module is imported only when checkpoint() is first called)
+import torch.utils.checkpoint  # noqa: TID253
 
 from dscore_plugins.parallel.checkpointing.state import CheckpointingError, CheckpointSettings
+from dscore_plugins.parallel.checkpointing.state import current as _current
 
 __all__ = ["run_checkpoint", "ContiguousPool"]
 
@@ -278,11 +285,123 @@ def _run(fn: Callable[..., Any], args: Sequence[Any], settings: CheckpointSettin
     return _Recompute.apply(_Call(fn, args, settings, generation), anchor, *args)
 
 
-# Inside a torch.compile'd region the checkpointed function runs eagerly (a graph break): Inductor draws
-# dropout masks from its own seeds, not from the global generator _Recompute saves and restores, so a
-# compiled recompute would use other masks than the forward (DeepSpeed #6811). torch's own non-reentrant
-# checkpoint has the same fault under backend="eager"; running the region eagerly is exact on every backend.
-_run_eagerly = torch.compiler.disable(_run, recursive=True)
+# Features the compiled path cannot express run the checkpoint eagerly under compile (a graph break): host
+# placement and contiguous slots of saved inputs, and synchronize/profile around the forward and recompute.
+_warned_eager: set[str] = set()
+
+
+def _eager_features(settings: CheckpointSettings) -> list[str]:
+    names = ("cpu_checkpointing", "contiguous_memory_optimization", "synchronize_checkpoint_boundary", "profile")
+    return [n for n in names if getattr(settings, n)]
+
+
+class _RngBox:
+    """The RNG states one checkpointed call's forward started with (filled by :class:`_SaveRng`)."""
+
+    def __init__(self) -> None:
+        self.cpu: torch.Tensor | None = None
+        self.dev: Any = None
+        self.device = _DeviceOps(_current()[0], ())
+        if self.device.backend is None:  # no dscore accelerator configured: torch's, once it is in use
+            acc = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+            module = torch.get_device_module(acc.type) if acc is not None else None
+            if module is not None and getattr(module, "is_initialized", lambda: False)():
+                self.device.backend, self.device.device_type = module, acc.type
+
+
+class _SaveRng:
+    """Forward context of a traced checkpoint run by eager code: records the RNG states at entry."""
+
+    def __init__(self, box: _RngBox) -> None:
+        self.box = box
+
+    def __enter__(self) -> None:
+        self.box.cpu = torch.get_rng_state()
+        self.box.dev = self.box.device.get_rng_state()
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _ReplayRng:
+    """Recompute context: swaps in the forward's RNG states, gives the caller's back on exit."""
+
+    def __init__(self, box: _RngBox) -> None:
+        self.box = box
+        self.cpu: torch.Tensor | None = None
+        self.dev: Any = None
+
+    def __enter__(self) -> None:
+        box = self.box
+        if box.cpu is None:
+            raise CheckpointingError("checkpoint recompute before its forward ran (no RNG state was recorded)")
+        self.cpu, self.dev = torch.get_rng_state(), box.device.get_rng_state()
+        torch.set_rng_state(box.cpu)
+        box.device.set_rng_state(box.dev)
+
+    def __exit__(self, *exc: Any) -> None:
+        assert self.cpu is not None
+        torch.set_rng_state(self.cpu)
+        self.box.device.set_rng_state(self.dev)
+
+
+def _run_eager_warned(
+    fn: Callable[..., Any], args: Sequence[Any], settings: CheckpointSettings, generation: int
+) -> Any:
+    eager = _eager_features(settings)
+    key = ",".join(eager)
+    if key not in _warned_eager:
+        _warned_eager.add(key)
+        log.warning(
+            "dscore.checkpointing.checkpoint under torch.compile: activation_checkpointing.%s cannot be expressed "
+            "in a compiled graph, so each checkpointed call runs eagerly (a graph break per call); turn %s off to "
+            "have the checkpoint compiled",
+            " and ".join(eager),
+            "it" if len(eager) == 1 else "them",
+        )
+    return _run(fn, args, settings, generation)
+
+
+_run_eagerly = torch.compiler.disable(_run_eager_warned, recursive=True)
+
+
+def _always_recompute(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    return torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _compiled_contexts() -> tuple[Any, Any]:
+    """``context_fn`` of the traced checkpoint (called when the captured graph's checkpoint op runs).
+
+    Under AOTAutograd's tracing (``aot_eager``, ``inductor``; a proxy dispatch mode is active) the recompute is
+    a copy of the forward's nodes in the joint graph, whose random ops Inductor/AOT functionalise to the
+    forward's seeds: the usual "recompute everything" selective-checkpoint modes. Run by eager code
+    (``backend="eager"``, or any backend that executes dynamo's graph as Python), torch forces
+    ``preserve_rng_state=False`` on the op, so the dropout mask would differ; these contexts replay the
+    forward's CPU and accelerator RNG states in the recompute instead.
+    """
+    if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.PROXY) is not None:
+        return torch.utils.checkpoint.create_selective_checkpoint_contexts(_always_recompute)
+    box = _RngBox()
+    return _SaveRng(box), _ReplayRng(box)
+
+
+class _QuietContextFnNotice(logging.Filter):
+    # torch logs a caution about in-place ops whenever a context_fn reaches its checkpoint op; ours hands AOT the
+    # very contexts torch's own checkpoint uses there, so the caution says nothing about dscore's checkpoint
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "context_fn is passed to torch.utils.checkpoint" not in record.getMessage()
+
+
+logging.getLogger("torch._higher_order_ops.wrap").addFilter(_QuietContextFnNotice())
+
+
+def _run_traced(fn: Callable[..., Any], args: Sequence[Any]) -> Any:
+    # torch's non-reentrant checkpoint is what dynamo captures as one higher-order op (no graph break);
+    # an output is returned as a tuple when ``fn`` returns a list, as the eager path does
+    out = torch.utils.checkpoint.checkpoint(
+        fn, *args, use_reentrant=False, preserve_rng_state=True, context_fn=_compiled_contexts
+    )
+    return tuple(out) if isinstance(out, list) else out
 
 
 def run_checkpoint(fn: Callable[..., Any], args: Sequence[Any], settings: CheckpointSettings, generation: int) -> Any:
@@ -290,5 +409,7 @@ def run_checkpoint(fn: Callable[..., Any], args: Sequence[Any], settings: Checkp
     if not torch.is_grad_enabled():
         return fn(*args)
     if torch.compiler.is_compiling():
-        return _run_eagerly(fn, args, settings, generation)
+        if _eager_features(settings):
+            return _run_eagerly(fn, args, settings, generation)
+        return _run_traced(fn, args)
     return _run(fn, args, settings, generation)

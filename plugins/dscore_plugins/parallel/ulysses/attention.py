@@ -315,11 +315,18 @@ def require_ulysses_attention(model: torch.nn.Module, sp: int) -> None:
     state: dict[str, Any] = {}
 
     def pre(module: torch.nn.Module, args: Any) -> None:
-        state["before"] = _ATTENTION_CALLS[0]
+        if not state.get("done"):
+            state["before"] = _ATTENTION_CALLS[0]
 
     def post(module: torch.nn.Module, args: Any, output: Any) -> None:
-        state["pre"].remove()
-        state["post"].remove()
+        if state.get("done"):
+            return
+        state["done"] = True
+        if not torch.compiler.is_compiling():
+            # a traced graph cannot hold a handle made in another frame (a graph break): compiled, the two
+            # hooks stay, returning at once from now on
+            state["pre"].remove()
+            state["post"].remove()
         if _ATTENTION_CALLS[0] == state["before"]:
             raise ConfigError(
                 f"sequence_parallel_size is {sp} but the model's first forward ran no Ulysses attention, so attention "
