@@ -281,7 +281,10 @@ def _name(fn: Any) -> str:
 def _run(fn: Callable[..., Any], args: Sequence[Any], settings: CheckpointSettings, generation: int) -> Any:
     # an empty leaf that requires grad makes the outputs part of the graph even when no input requires
     # grad, so parameters used inside ``fn`` still receive gradients (torch's re-entrant variant loses them)
-    anchor = torch.empty(0, requires_grad=True)
+    # (on the first tensor argument's device, so autograd never mixes devices; the host when there is none)
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    device = first.device if first is not None else torch.device("cpu")
+    anchor = torch.empty(0, device=device, requires_grad=True)
     return _Recompute.apply(_Call(fn, args, settings, generation), anchor, *args)
 
 
