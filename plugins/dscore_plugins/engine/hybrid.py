@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 def handles(model: Any, config: Any) -> bool:
     """True when ``hybrid_engine.enabled`` is on (any ``torch.nn.Module``; a pipeline model goes to the pipeline
     engine, which refuses the block)."""
-    section = config.section("hybrid_engine", None)
+    section = config.section("hybrid_engine", None) if config is not None else None
     return bool(section is not None and section.enabled and isinstance(model, torch.nn.Module))
 
 
