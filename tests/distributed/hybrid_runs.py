@@ -1,4 +1,4 @@
-"""Rank functions for tests/distributed/test_hybrid_engine.py and test_rollout.py (importable by spawned ranks)."""
+"""Rank functions for tests/distributed/test_hybrid_engine.py and test_rollout_engine.py (importable by spawned ranks)."""
 
 from __future__ import annotations
 
@@ -198,5 +198,50 @@ def hybrid_checks() -> dict[str, Any]:
     o = engine.generate(ids, attention_mask=mask, max_new_tokens=4, return_dict_in_generate=True, do_sample=False,
                         pad_token_id=PAD)
     res["kept_cache"] = o.past_key_values is not None
+    engine.close()
+    return res
+
+
+def rollout_generate(zero: dict[str, Any]) -> dict[str, Any]:
+    """HybridEngineRollout over a 2-rank engine (different prompts per rank) vs the single-process model's
+    ``generate`` (greedy, n samples) before and after a training step; continuous batching; build_rollout."""
+    import types
+
+    import torch
+    import torch.distributed as dist
+
+    import dscore
+    from dscore.rollout import RolloutConfig, RolloutRequest, SamplingConfig, build_rollout
+    from dscore.rollout.hybrid_engine_rollout import pad_after_eos
+
+    model = tiny_model("llama")
+    ref = copy.deepcopy(model)
+    opt = torch.optim.AdamW(ref.parameters(), lr=LR, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    engine, *_ = dscore.initialize(model=model, config=config(zero))
+    tok = types.SimpleNamespace(pad_token_id=PAD, eos_token_id=36)
+    rollout = build_rollout(RolloutConfig(), engine, tok)
+    ids, mask = prompts(dist.get_rank())
+    req = RolloutRequest(ids.to(engine.device), mask.to(engine.device))
+    res: dict[str, Any] = {}
+    for phase in ("before", "after"):
+        if phase == "after":
+            _train_both(engine, ref, opt, 1)
+            rollout.sync_weights(engine.global_steps)
+        engine.eval()
+        ref.eval()
+        got = rollout.generate(req, SamplingConfig(max_new_tokens=6, temperature=0.0, n_samples_per_prompt=2))
+        raw = ref.generate(ids.repeat_interleave(2, 0), attention_mask=mask.repeat_interleave(2, 0), max_new_tokens=6,
+                           do_sample=False, eos_token_id=None, pad_token_id=PAD)
+        want, _ = pad_after_eos(raw, ids.shape[1], 36, PAD)
+        cont = rollout.generate(req, SamplingConfig(max_new_tokens=6, temperature=0.0, continuous_batch_size=1))
+        alone = [ref.generate(ids[i : i + 1], attention_mask=mask[i : i + 1], max_new_tokens=6, do_sample=False,
+                              eos_token_id=36, pad_token_id=PAD)[0, ids.shape[1]:].tolist() for i in range(ids.shape[0])]
+        res[phase] = {
+            "got": got.input_ids.cpu().tolist(), "want": want.tolist(),
+            "start": got.response_start_idx.tolist(),
+            "cont": [r[ids.shape[1]:] for r in cont.input_ids.cpu().tolist()], "alone": alone,
+            "cont_mask": cont.attention_mask[:, ids.shape[1]:].cpu().tolist(),
+        }
+    rollout.shutdown()
     engine.close()
     return res

@@ -216,10 +216,6 @@ REFUSED_TREES: dict[str, tuple[str, tuple[str, ...]]] = {
         "DeepSpeed's hybrid-engine CUDA graph capture is not provided: dscore's hybrid engine (the `hybrid_engine` block) refuses enable_cuda_graph",
         (),
     ),
-    'deepspeed.runtime.rollout': (
-        "DeepSpeed's hybrid-engine rollout is not provided: generation inside training is planned as dscore issue 40",
-        ('base', 'continuous_batching', 'hybrid_engine_rollout', 'opsd'),
-    ),
     'deepspeed.runtime.sparse_tensor': (
         "DeepSpeed's SparseTensor (sparse gradient all-reduce) is not provided: dscore reduces dense gradients",
         (),
