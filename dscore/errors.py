@@ -27,6 +27,7 @@ __all__ = [
     "OpBuildError",
     "FragmentAccessError",
     "PartitionedParameterError",
+    "RolloutError",
     "did_you_mean",
 ]
 
@@ -166,3 +167,8 @@ class PartitionedParameterError(DscoreError, RuntimeError):
         super().__init__(message)
         self.name = name
         self.call = call
+
+
+class RolloutError(DscoreError, ValueError):
+    """A rollout request, sampling setting or rollout batch is invalid (:mod:`dscore.rollout`); the message names
+    the argument. A ``ValueError`` too, as DeepSpeed raises for the same inputs."""

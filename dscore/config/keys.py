@@ -156,7 +156,6 @@ GATED_KEYS: dict[str, KeyPolicy] = {
     "sparse_gradients": KeyPolicy("sparse gradients", True, _enabled_effect),
     "graph_harvesting": KeyPolicy("graph harvesting", True, _enabled_effect),
     # DeepSpeed features dscore does not implement (yet)
-    "hybrid_engine": KeyPolicy("the hybrid (RLHF) engine", False, _enabled_effect),
     "autotuning": KeyPolicy("autotuning", False, _enabled_effect),
     "compile": KeyPolicy("DeepCompile", False, _keyed_truthy("deepcompile")),
     "data_efficiency": KeyPolicy("data efficiency (curriculum, random-LTD)", False, _enabled_effect),
@@ -185,6 +184,7 @@ IGNORED_KEYS: dict[str, str] = {
 #: DeepSpeed sections dscore's built-in plugins provide, with the feature each gates when unowned.
 PLUGIN_SECTION_KEYS: dict[str, KeyPolicy] = {
     "zero_optimization": KeyPolicy("ZeRO", False, _greater_than_one()),
+    "hybrid_engine": KeyPolicy("the hybrid (RLHF) engine", False, _enabled_effect),
     "fp16": KeyPolicy("fp16 mixed precision", False, _enabled_effect),
     "bf16": KeyPolicy("bf16 mixed precision", False, _enabled_effect),
     "bfloat16": KeyPolicy("bf16 mixed precision", False, _enabled_effect),

@@ -22,7 +22,9 @@ Mirrors DeepSpeed's split between ``DeepSpeedEngine`` and its ``DeepSpeedZeroOpt
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -276,6 +278,16 @@ class ZeroStage(abc.ABC):
         Default: the stage keeps full parameters resident and caches nothing, so there is nothing to release.
         """
         return None
+
+    def generation_context(self) -> AbstractContextManager[None]:
+        """A context in which the module runs forward for generation (``engine.generation_mode()``).
+
+        Inside it every parameter is whole on the device and the stage's own module hooks do nothing, so a
+        ``generate`` loop runs no collective per token; on exit what the stage gathered is released. It must be
+        re-entrant (an inner use is free) and entered by every rank of the stage's group (it may gather).
+        Default: the stage keeps full parameters resident (stages 0-2), so there is nothing to do.
+        """
+        return contextlib.nullcontext()
 
     def offload_state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """The tensors holding each kind of training state, for ``engine.offload_states`` /

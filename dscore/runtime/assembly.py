@@ -102,12 +102,16 @@ def mesh_of(runtime: Runtime) -> ParallelMesh:
     return mesh
 
 
-def build_standard_engine(ctx: Any) -> DscoreEngine:
+def build_standard_engine(ctx: Any, *, engine_class: type[DscoreEngine] | None = None) -> DscoreEngine:
     """The standard engine's factory (registered by the built-in ``engine`` plugin as ``standard``).
 
     Builds the :class:`DscoreEngine` for any ``torch.nn.Module`` from an
     :class:`dscore.protocols.EngineContext`: precision, optimizer, ZeRO stage, LR scheduler, data
     loader and monitors (see the module docstring for the order).
+
+    Args:
+        engine_class: a :class:`DscoreEngine` subclass to build instead (an engine plugin adding members to
+            the standard engine, e.g. ``generate``); its constructor takes :class:`DscoreEngine`'s arguments.
     """
     engine, _, _, _ = assemble(
         ctx.runtime,
@@ -118,6 +122,7 @@ def build_standard_engine(ctx: Any) -> DscoreEngine:
         training_data=ctx.training_data,
         client_lr_scheduler=ctx.client_lr_scheduler,
         collate_fn=ctx.collate_fn,
+        engine_class=engine_class,
     )
     return engine
 
@@ -132,8 +137,10 @@ def assemble(
     training_data: Any,
     client_lr_scheduler: Any,
     collate_fn: Any,
+    engine_class: type[DscoreEngine] | None = None,
 ) -> tuple[DscoreEngine, Any, Any, Any]:
-    """Build the standard :class:`DscoreEngine` over the runtime's mesh (see the module docstring).
+    """Build the standard :class:`DscoreEngine` (or ``engine_class``, a subclass) over the runtime's mesh
+    (see the module docstring).
 
     Returns ``(engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler)``.
 
@@ -197,7 +204,7 @@ def assemble(
             pin_memory=getattr(accelerator, "device_type", "cpu") != "cpu",
         )
     monitors = create_monitors(cfg, registry, rank)
-    engine = DscoreEngine(
+    engine = (DscoreEngine if engine_class is None else engine_class)(
         module=module,
         config=cfg,
         runtime=runtime,

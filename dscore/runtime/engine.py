@@ -282,6 +282,27 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         """True once :meth:`compile` ran, or when ``initialize`` got a ``torch.compile(model)``."""
         return self._compile_state.compiled
 
+    # ------------------------------------------------------------------ generation
+    @contextlib.contextmanager
+    def generation_mode(self) -> Iterator[DscoreEngine]:
+        """A context for generating with ``engine.module`` inside the training engine (RLHF rollouts).
+
+        On entry the ZeRO stage makes every parameter whole on the device (stage 3: one gather of each
+        unit, all in flight together; stages 0-2 hold them already) and its module hooks stop firing, so a
+        ``generate`` loop runs no collective per token and ranks may stop at different lengths; gradients
+        are off inside. On exit what was gathered for it is released. Re-entrant: a nested use gathers
+        nothing. Every rank of the data-parallel group must enter it (the gather is collective).
+
+        Yields:
+            the engine.
+
+        Raises:
+            EngineError: the training states are offloaded (``engine.offload_states()``; reload first).
+        """
+        refuse_while_offloaded(self, "engine.generation_mode()")
+        with self.zero_stage_impl.generation_context(), torch.no_grad():
+            yield self
+
     # ------------------------------------------------------------------ boundaries
     def is_gradient_accumulation_boundary(self) -> bool:
         """True when the current micro step ends a gradient accumulation window (see module docstring)."""

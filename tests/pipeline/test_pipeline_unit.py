@@ -180,7 +180,7 @@ def test_plugins_list_kind_engine(python_exe: str) -> None:
         capture_output=True, text=True, check=True, timeout=120,
     )
     rows = {r["name"]: r for r in json.loads(out.stdout)}
-    assert rows["engines"]["provides"]["engine"] == ["pipeline", "standard"]
+    assert rows["engines"]["provides"]["engine"] == ["hybrid", "pipeline", "standard"]
 
 
 # ----------------------------------------------------------------------------------------- config block

@@ -81,7 +81,6 @@ def test_bfloat16_alias() -> None:
         ("nebula", {"enabled": False}, {"enabled": True}),
         ("sparse_gradients", False, True),
         ("graph_harvesting", False, True),
-        ("hybrid_engine", {"enabled": False, "max_out_tokens": 512}, {"enabled": True}),
         ("autotuning", {"enabled": False}, {"enabled": True}),
         ("compile", {"deepcompile": False}, {"deepcompile": True}),
         ("data_efficiency", {"enabled": False, "data_sampling": {"enabled": False}},
@@ -136,3 +135,19 @@ def test_removed_zero_keys(zero: dict, inert: bool) -> None:
     else:
         err = error_of({**BASE, "zero_optimization": {"stage": 2, **zero}})
         assert err.path == f"zero_optimization.{key}" and "does not implement" in str(err)
+
+
+def test_hybrid_engine_block_is_a_section_with_deepspeed_defaults() -> None:
+    """Issue 40: ``hybrid_engine`` is the engine plugin's section (DeepSpeed 0.19.8's keys and defaults), not
+    a gated key; a bad value names its key path."""
+    from dscore.errors import ConfigError
+    from dscore.testing.contexts import local_config
+
+    cfg = local_config({"hybrid_engine": {"enabled": True}})
+    section = cfg.section("hybrid_engine")
+    assert (section.enabled, section.max_out_tokens, section.inference_tp_size, section.release_inference_cache,
+            section.pin_parameters, section.tp_gather_partition_size, section.enable_cuda_graph) == (
+        True, 512, 1, False, True, 8, False)  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        local_config({"hybrid_engine": {"enabled": True, "max_out_tokens": 0}})
+    assert "hybrid_engine.max_out_tokens" in str(err.value)

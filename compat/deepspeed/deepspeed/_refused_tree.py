@@ -23,7 +23,7 @@ from deepspeed._not_provided import refused_module_getattr
 
 __all__ = ["REFUSED_TREES", "RefusedTreeFinder", "install", "refused_reason"]
 
-_INFERENCE = "dscore has no inference engine (DeepSpeed-Inference, its v2 ragged engine, kernel injection and inference quantization): dscore trains models; generation inside training (DeepSpeed's hybrid engine) is planned as dscore issue 40"
+_INFERENCE = "dscore has no inference engine (DeepSpeed-Inference, its v2 ragged engine, kernel injection and inference quantization): dscore trains models; generation inside training is DeepSpeed's hybrid engine (the `hybrid_engine` config block, deepspeed.runtime.hybrid_engine)"
 
 #: subtree root -> (reason, its submodules relative to the root, as in DeepSpeed 0.19.8's wheel)
 REFUSED_TREES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -213,12 +213,8 @@ REFUSED_TREES: dict[str, tuple[str, tuple[str, ...]]] = {
         ('fused_optimizer', 'loss_scaler', 'unfused_optimizer'),
     ),
     'deepspeed.runtime.hybrid_engine_graph': (
-        "DeepSpeed's hybrid engine is not provided: generation inside training is planned as dscore issue 40",
+        "DeepSpeed's hybrid-engine CUDA graph capture is not provided: dscore's hybrid engine (the `hybrid_engine` block) refuses enable_cuda_graph",
         (),
-    ),
-    'deepspeed.runtime.rollout': (
-        "DeepSpeed's hybrid-engine rollout is not provided: generation inside training is planned as dscore issue 40",
-        ('base', 'continuous_batching', 'hybrid_engine_rollout', 'opsd'),
     ),
     'deepspeed.runtime.sparse_tensor': (
         "DeepSpeed's SparseTensor (sparse gradient all-reduce) is not provided: dscore reduces dense gradients",

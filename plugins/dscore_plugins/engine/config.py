@@ -26,7 +26,7 @@ from dscore.config.base import PositiveInt, SectionModel, no_effect
 
 _TP1 = "dscore has no tensor parallelism (size 1), where the split is the whole tensor"
 
-__all__ = ["PipelineConfig"]
+__all__ = ["HybridEngineConfig", "PipelineConfig"]
 
 
 class PipelineConfig(SectionModel):
@@ -44,3 +44,33 @@ class PipelineConfig(SectionModel):
     """Split activations across the tensor-parallel group (size 1 in dscore: no effect)."""
     grad_partitioned: StrictBool = Field(True, json_schema_extra=no_effect(_TP1))
     """Split gradients across the tensor-parallel group (size 1 in dscore: no effect)."""
+
+
+class HybridEngineConfig(SectionModel):
+    """``hybrid_engine``: the RLHF engine (training plus ``engine.generate``), DeepSpeed 0.19.8's keys and defaults.
+
+    ``enabled`` selects the hybrid engine (:mod:`dscore_plugins.engine.hybrid`) for any ``torch.nn.Module``
+    that is not a pipeline model (a pipeline model with this block enabled is refused). What each key does in
+    dscore is stated on the field.
+    """
+
+    enabled: StrictBool = False
+    """Build the hybrid engine (``engine.generate``, eval/train switching, latency counters)."""
+    max_out_tokens: PositiveInt = 512
+    """Most tokens one sequence may hold in a ``generate`` call (prompt plus new tokens); more is an error."""
+    inference_tp_size: PositiveInt = 1
+    """Tensor-parallel ranks generating together; dscore generates on each rank's whole model: only 1."""
+    release_inference_cache: StrictBool = False
+    """After each ``generate``: drop the KV cache from the returned output and free cached device memory."""
+    pin_parameters: StrictBool = True
+    """ZeRO-3: gather every parameter once per ``generate`` call (false: per layer, per forward, with prefetch)."""
+    tp_gather_partition_size: PositiveInt = Field(
+        8,
+        json_schema_extra=no_effect(
+            "DeepSpeed reads it only with inference_tp_size > 1 (layers gathered that many at a time), "
+            "which dscore refuses"
+        ),
+    )
+    """Layers gathered at a time for tensor-parallel inference (only with ``inference_tp_size > 1``)."""
+    enable_cuda_graph: StrictBool = False
+    """Capture decode steps in CUDA graphs: refused (off-GPU it cannot run; on GPU dscore does not capture)."""

@@ -103,7 +103,8 @@ def build_pipeline_engine(ctx: EngineContext) -> PipelineEngine:
     """The pipeline engine's factory (see the module docstring).
 
     Raises:
-        ConfigError: ZeRO stage 2/3, fp16, a ``pipeline`` block contradicting the module, no ``loss_fn``.
+        ConfigError: ZeRO stage 2/3, fp16, a ``pipeline`` block contradicting the module, no ``loss_fn``,
+            ``hybrid_engine.enabled``.
         DistributedError: the module was built for another number of processes than the job has.
     """
     cfg = ctx.config
@@ -116,6 +117,14 @@ def build_pipeline_engine(ctx: EngineContext) -> PipelineEngine:
             "call dscore.init_distributed() before building the PipelineModule so it sees the whole job"
         )
     _check_pipeline_section(cfg, model)
+    hybrid = cfg.section("hybrid_engine", None)
+    if hybrid is not None and hybrid.enabled:
+        raise ConfigError(
+            "hybrid_engine.enabled is true but the model is a PipelineModule: the hybrid engine (generate() for "
+            "RLHF) cannot be combined with pipeline parallelism (as in DeepSpeed, which builds the pipeline "
+            "engine for a PipelineModule); disable hybrid_engine or train a plain torch.nn.Module",
+            path="hybrid_engine.enabled",
+        )
     stage_number = int(cfg.zero_stage)
     if stage_number > 1:
         raise ConfigError(

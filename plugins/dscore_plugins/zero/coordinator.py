@@ -13,6 +13,8 @@ ZeRO++ quantized weights when the unit's gather strategy has them.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -76,6 +78,33 @@ class Coordinator(DivergenceCheck):
         self._gathered: OrderedDict[int, UnitState] = OrderedDict()  # non-persistent, LRU order
         self._in_use: set[int] = set()
         self._may_evict = sum(s.unit.numel for s in self.units if not s.unit.persistent) > self.max_live
+        self._generation_depth = 0  # > 0 inside generation_context(): the hooks below do nothing
+
+    # ------------------------------------------------------------------ generation
+    @contextmanager
+    def generation_context(self) -> Iterator[None]:
+        """Every unit gathered once (exact values, all gathers in flight together), hooks idle, released on
+        exit (units the coordinator already held stay as they were). Re-entrant: an inner use costs nothing."""
+        if self._generation_depth:
+            self._generation_depth += 1
+            try:
+                yield
+            finally:
+                self._generation_depth -= 1
+            return
+        fetched = [s for s in self.units if not s.unit.persistent and not s.unit.gathered]
+        for s in fetched:
+            s.unit.gather(async_op=True, exact=True)
+        for s in self.units:
+            s.unit.wait()
+        self._generation_depth = 1
+        try:
+            yield
+        finally:
+            self._generation_depth = 0
+            for s in fetched:
+                if id(s.unit) not in self._gathered:
+                    s.unit.release()
 
     # ------------------------------------------------------------------ gathering policy
     def _fetch(self, s: UnitState, *, async_op: bool = False) -> None:
@@ -148,6 +177,8 @@ class Coordinator(DivergenceCheck):
 
     # ------------------------------------------------------------------ hooks
     def _pre_forward(self, mod: torch.nn.Module, args: Any) -> None:
+        if self._generation_depth:
+            return
         units = self.module_units[mod]
         if self._recording is not None and torch.is_grad_enabled():
             self._recording.append(mod)
@@ -169,6 +200,8 @@ class Coordinator(DivergenceCheck):
             timers.add("forward.allgather_wait", clock(timers) - t0)
 
     def _post_forward(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._generation_depth:
+            return
         units = self.module_units[mod]
         for s in units:
             self._in_use.discard(id(s.unit))
@@ -187,7 +220,7 @@ class Coordinator(DivergenceCheck):
                 self._release(s)
 
     def _root_post_forward(self, mod: torch.nn.Module, args: Any, output: Any) -> None:
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() and not self._generation_depth:
             self._check_same_collectives()
 
     def _pre_backward(self, mod: torch.nn.Module) -> None:

@@ -195,6 +195,9 @@ class TensorParallelStage(ZeroStage):
     def empty_partition_cache(self) -> None:
         self.inner.empty_partition_cache()
 
+    def generation_context(self) -> Any:
+        return self.inner.generation_context()
+
     def close(self) -> None:
         self.inner.close()
 
