@@ -19,8 +19,6 @@ import types
 from collections.abc import Sequence
 from typing import Any
 
-from deepspeed._not_provided import refused_module_getattr
-
 __all__ = ["REFUSED_TREES", "RefusedTreeFinder", "install", "refused_reason"]
 
 _INFERENCE = "dscore has no inference engine (DeepSpeed-Inference, its v2 ragged engine, kernel injection and inference quantization): dscore trains models; generation inside training is DeepSpeed's hybrid engine (the `hybrid_engine` config block, deepspeed.runtime.hybrid_engine)"
@@ -273,6 +271,9 @@ class RefusedTreeFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         reason, _ = _NAMES[module.__name__]
         module.__doc__ = (f"``{module.__name__}`` (DeepSpeed 0.19.8): not provided by dscore; every name imports "
                           f"and raises NotProvidedError when used: {reason}")
+        # imported here, not at module level: `import deepspeed` stays free of dscore and torch imports
+        from deepspeed._not_provided import refused_module_getattr
+
         module.__getattr__ = refused_module_getattr(module.__name__, reason)  # type: ignore[method-assign]
 
 
