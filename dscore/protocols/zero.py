@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
@@ -271,6 +271,19 @@ class ZeroStage(abc.ABC):
     @abc.abstractmethod
     def partition_bytes(self) -> dict[str, int]:
         """Bytes held by this rank: ``{"optimizer_state": ..., "parameters": ..., "gradients": ...}``."""
+
+    def iter_module_state(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The full module state dict (:meth:`module_state_dict`'s keys and values) in pieces, in the
+        module's state-dict order, for ``engine.iter_full_params``. Collective like
+        :meth:`module_state_dict`: every rank exhausts the iterator.
+
+        The values may be views of memory the stage frees or reuses when the iterator resumes: the caller
+        copies what it keeps before asking for the next piece. Default: the whole of
+        :meth:`module_state_dict` as one piece (stages holding full parameters return views of the
+        module's own tensors, so nothing extra is allocated); a stage that partitions parameters streams
+        them (stage 3: one unit gathered at a time).
+        """
+        yield self.module_state_dict()
 
     def empty_partition_cache(self) -> None:
         """Release gathered parameters and any memory kept to gather them again (``engine.empty_partition_cache()``).

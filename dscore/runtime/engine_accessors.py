@@ -10,6 +10,7 @@ docs/engine-api.md. Nothing here changes training state.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -270,6 +271,37 @@ class DeepSpeedAccessors:
 
         refuse_while_offloaded(self, "engine.module_state_dict()")
         return self.zero_stage_impl.module_state_dict()
+
+    def iter_full_params(
+        self,
+        bucket_bytes: int = 64 << 20,
+        dtype: torch.dtype | None = None,
+        trainable_only: bool = False,
+        names: str = "hf",
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """Stream the full weights as ``[(name, tensor), ...]`` buckets of at most ``bucket_bytes`` (a larger
+        tensor alone), in state-dict order, under any ZeRO stage and AutoTP, for RLHF weight sync
+        (:mod:`dscore.runtime.weight_export`, which states the memory bound: about one bucket plus one
+        ZeRO-3 unit). Collective: every rank calls it and consumes every bucket.
+
+        Args:
+            bucket_bytes: most bytes per bucket in the output dtype (default 64 MiB).
+            dtype: cast floating-point tensors to it (None: as held).
+            trainable_only: only parameters with ``requires_grad``.
+            names: ``"hf"`` (the model's own state-dict names, wrapper prefixes removed) or ``"module"``.
+
+        Raises:
+            EngineError: a bad argument (named), MoE expert parameters, or the states are offloaded
+                (``offload_states()``: call ``reload_states()`` first).
+        """
+        from dscore.runtime.offload_states import refuse_while_offloaded
+        from dscore.runtime.weight_export import iter_full_params
+
+        refuse_while_offloaded(self, "engine.iter_full_params()")
+        return iter_full_params(
+            self.module, self.zero_stage_impl, bucket_bytes=bucket_bytes, dtype=dtype,
+            trainable_only=trainable_only, names=names,
+        )
 
     def consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor] | None:
         """ZeRO-3: the gathered module state dict (parameters in the compute dtype, buffers as held) on rank

@@ -9,6 +9,7 @@ turn (collective) to read or overwrite the full weights.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -85,6 +86,50 @@ class StateIO(Units):
             named[n] = b.detach().clone()
         out = OrderedDict((k, named[k]) for k in keys if k in named)
         return OrderedDict(ExpertNaming(module).globalize(dict(out))) if self.has_experts else out
+
+    @torch.no_grad()
+    def iter_module_state(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The full state dict streamed one unit at a time, in the module's state-dict order (collective:
+        every rank exhausts it). A piece holds views of the gathered unit's full buffer (and the module's
+        buffers); the unit is released when the iterator resumes, so the caller copies first. At most one
+        unit this iterator gathered is live at a time (persistent or already-gathered units stay as they
+        were). Not with MoE experts (their global naming gathers over the expert-parallel group: use
+        :meth:`module_state_dict`).
+
+        Raises:
+            RuntimeError: the model has MoE expert parameters.
+        """
+        if self.has_experts:
+            raise RuntimeError(
+                "ZeRO stage 3 streams the state dict one unit at a time, but this model has MoE expert parameters "
+                "(named and gathered over the expert-parallel group as a whole): use engine.module_state_dict()"
+            )
+        module = self.ctx.module
+        unit_of = {id(p): (s.unit, i) for s in self.units for i, p in enumerate(s.unit.params)}
+        params = dict(module.named_parameters(remove_duplicate=False))
+        buffers = dict(module.named_buffers(remove_duplicate=False))
+        current: Any = None  # the unit this iterator gathered and still holds
+        piece: dict[str, torch.Tensor] = {}
+        try:
+            for key in module.state_dict(keep_vars=True).keys():
+                if key in buffers:
+                    piece[key] = buffers[key].detach()
+                    continue
+                unit, i = unit_of[id(params[key])]
+                if current is not None and unit is not current:
+                    yield piece  # the caller copies before resuming: only then is the unit released
+                    piece = {}
+                    current.release()
+                    current = None
+                if not unit.gathered:
+                    unit.gather()
+                    current = unit
+                piece[key] = unit.full_values()[i]
+            if piece:
+                yield piece
+        finally:
+            if current is not None:
+                current.release()
 
     @torch.no_grad()
     def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:

@@ -5,6 +5,7 @@ exact over a tensor-parallel model (:class:`TensorParallelStage`), and the param
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -220,6 +221,12 @@ class TensorParallelStage(ZeroStage):
         """Full tensors of every parameter and buffer (collective over the tensor-parallel group)."""
         sd = self.inner.module_state_dict()
         return type(sd)((k, self._gather(k, v)) for k, v in sd.items())
+
+    def iter_module_state(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The inner stage's pieces with split parameters gathered to full size (collective over the
+        tensor-parallel group, one tensor at a time)."""
+        for piece in self.inner.iter_module_state():
+            yield {k: self._gather(k, v) for k, v in piece.items()}
 
     def load_module_state_dict(self, state: dict[str, torch.Tensor], *, strict: bool = True) -> None:
         """Load full tensors (saved at any tensor-parallel degree), sliced to this rank."""
