@@ -95,17 +95,20 @@ class ContinuousBatchScheduler:
         self._ids.add(request.request_id)
         self._queue.append(request)
 
+    def _check_active(self, finished_ids: Iterable[Hashable]) -> set[Hashable]:
+        finished = set(finished_ids)
+        stray = finished - {r.request_id for r in self._slots}
+        if stray:
+            raise RolloutError(f"ContinuousBatchScheduler: finished request {next(iter(stray))!r} is not active")
+        return finished
+
     def schedule(self, finished_ids: Iterable[Hashable] = ()) -> ContinuousBatchUpdate:
         """Retire ``finished_ids`` and fill free slots from the queue (no token is counted).
 
         Raises:
             RolloutError: a finished id that is not active.
         """
-        finished = set(finished_ids)
-        active_ids = {r.request_id for r in self._slots}
-        stray = finished - active_ids
-        if stray:
-            raise RolloutError(f"ContinuousBatchScheduler: finished request {next(iter(stray))!r} is not active")
+        finished = self._check_active(finished_ids)
         keep = tuple(i for i, r in enumerate(self._slots) if r.request_id not in finished)
         retired = tuple(r.request_id for r in self._slots if r.request_id in finished)
         slots = [self._slots[i] for i in keep]
@@ -128,11 +131,7 @@ class ContinuousBatchScheduler:
         Raises:
             RolloutError: a finished id that is not active.
         """
-        finished = set(finished_ids)
-        active_ids = {r.request_id for r in self._slots}
-        stray = finished - active_ids
-        if stray:
-            raise RolloutError(f"ContinuousBatchScheduler: finished request {next(iter(stray))!r} is not active")
+        finished = self._check_active(finished_ids)
         for r in self._slots:
             self._tokens[r.request_id] += 1
             if self._tokens[r.request_id] >= self.max_new_tokens:
