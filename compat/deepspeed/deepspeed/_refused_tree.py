@@ -23,8 +23,17 @@ __all__ = ["REFUSED_TREES", "RefusedTreeFinder", "install", "refused_reason"]
 
 _INFERENCE = "dscore has no inference engine (DeepSpeed-Inference, its v2 ragged engine, kernel injection and inference quantization): dscore trains models; generation inside training is DeepSpeed's hybrid engine (the `hybrid_engine` config block, deepspeed.runtime.hybrid_engine)"
 
+_UNIVERSAL = (
+    "dscore has no universal-checkpoint format; a DeepSpeed checkpoint loads directly at another world size or ZeRO "
+    "stage (engine.load_checkpoint), and 'dscore checkpoint export DIR --fp32 OUT' consolidates one"
+)
+
 #: subtree root -> (reason, its submodules relative to the root, as in DeepSpeed 0.19.8's wheel)
 REFUSED_TREES: dict[str, tuple[str, tuple[str, ...]]] = {
+    # DeepSpeed's universal-checkpoint tooling (single modules of the real package deepspeed.checkpoint)
+    'deepspeed.checkpoint.autoep_universal': (_UNIVERSAL, ()),
+    'deepspeed.checkpoint.ds_to_universal': (_UNIVERSAL, ()),
+    'deepspeed.checkpoint.universal_checkpoint': (_UNIVERSAL, ()),
     'deepspeed.autotuning': (
         "DeepSpeed's autotuner is not provided",
         (
