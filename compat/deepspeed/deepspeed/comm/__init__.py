@@ -31,6 +31,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "configure",
+    "destroy_process_group",
     "get_global_rank",
     "get_local_rank",
     "get_rank",
@@ -57,6 +58,15 @@ def get_global_rank(group: Any = None, group_rank: int = 0) -> int:
     if group is None:
         return int(group_rank)
     return int(dist.get_global_rank(group, group_rank))
+
+
+def destroy_process_group(group: Any = None) -> None:
+    """Destroy ``group`` (the default group when None) if torch.distributed is initialized
+    (``torch.distributed.destroy_process_group``; DeepSpeed's test harness calls it after each test)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group(group)
 
 
 def __getattr__(name: str) -> Any:
