@@ -62,7 +62,7 @@ from dscore.runtime.engine_accessors import DeepSpeedAccessors
 from dscore.runtime.engine_errors import EngineAPIMissing, EngineError
 from dscore.runtime.engine_state import CheckpointState
 from dscore.runtime.logging_utils import log_rank0
-from dscore.runtime.offload_states import refuse_while_offloaded
+from dscore.runtime.offload_states import bind_optimizer_state_methods, refuse_while_offloaded
 from dscore.runtime.timers import PhaseTimers
 
 if TYPE_CHECKING:
@@ -192,6 +192,9 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         # one lease on the process group dscore owns; close() returns it (see dscore.comm.init)
         self._closed = False
         self._holds_group = _lease_process_group(runtime)
+        # DeepSpeed's ZeRO optimizers have offload_states / reload_states / empty_partition_cache (OpenRLHF
+        # and verl call them on engine.optimizer): the engine's own calls
+        bind_optimizer_state_methods(self, zero_stage.optimizer)
 
     # ------------------------------------------------------------------ attribute fall-through
     def __getattr__(self, name: str) -> Any:

@@ -337,9 +337,11 @@ class DeepSpeedAccessors:
     def empty_partition_cache(self) -> None:
         """Release every gathered (non-persistent) ZeRO-3 parameter and the memory kept for re-gathering
         them, as DeepSpeed's ``engine.empty_partition_cache()`` (e.g. before generation or offloading the
-        model between phases). Not collective; the next forward gathers again. Other stages keep no
-        gathered parameters: nothing to release."""
+        model between phases), then empties the accelerator's cache (a caching allocator keeps freed blocks
+        reserved). Not collective; the next forward gathers again. Other stages keep no gathered
+        parameters: nothing to release. Also ``engine.optimizer.empty_partition_cache()``."""
         self.zero_stage_impl.empty_partition_cache()
+        self.runtime.accelerator.empty_cache()
 
     def offload_states(
         self, include: Any = None, device: Any = "cpu", pin_memory: bool = True, non_blocking: bool = False

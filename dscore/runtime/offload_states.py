@@ -27,6 +27,14 @@ reading them would crash or fail inside torch. ``get_global_grad_norm`` (a numbe
 ``offload_states``/``reload_states`` again and ``close``/``destroy`` work. When two kinds share storage (fp32 without offload: the
 master weights *are* the parameters' buffer), offloading one moves both and both count as offloaded.
 
+**On the optimizer too.** DeepSpeed's ZeRO optimizers carry the same two methods (the engine's call
+``self.optimizer.offload_states(...)``), and OpenRLHF and verl call them on ``engine.optimizer`` directly.
+:func:`bind_optimizer_state_methods` gives the optimizer ``engine.optimizer`` returns (ZeRO 0-3, a client
+optimizer included) ``offload_states(include, device, pin_memory, non_blocking)``, ``reload_states(
+non_blocking)`` and ``empty_partition_cache()``, each the engine's own call (one offloader, one set of
+rules and refusals): moving states through the optimizer makes the engine refuse ``forward`` just as
+moving them through the engine does, and either reload brings back what either offload moved.
+
 On the CPU accelerator the "device" is host memory: the states are copied to a fresh host buffer and the
 original freed, so resident memory does not drop; :meth:`StateOffloader.bytes_by_kind` reports the
 bytes each kind released (what a device would get back).
@@ -35,13 +43,21 @@ bytes each kind released (what a device would get back).
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["OFFLOAD_STATE_TYPES", "StateOffloader", "refuse_while_offloaded"]
+__all__ = [
+    "OFFLOAD_STATE_TYPES",
+    "OPTIMIZER_STATE_METHODS",
+    "OptimizerStateMethod",
+    "StateOffloader",
+    "bind_optimizer_state_methods",
+    "refuse_while_offloaded",
+]
 
 log = logging.getLogger("dscore.runtime.offload_states")
 
@@ -173,8 +189,8 @@ def refuse_while_offloaded(engine: Any, call: str) -> None:
     offloader = engine.__dict__.get("_state_offloader")
     kinds = sorted(offloader.offloaded) if offloader is not None else []
     _refuse(
-        f"{call}: the training states are offloaded (engine.offload_states() moved {kinds} to host memory and "
-        "freed their device storage); call reload_states() first"
+        f"{call}: the training states are offloaded (offload_states() on the engine or its optimizer moved "
+        f"{kinds} to host memory and freed their device storage); call reload_states() first"
     )
 
 
@@ -235,3 +251,57 @@ def reload_engine_states(engine: Any, *, non_blocking: bool) -> None:
     if offloader is not None:
         offloader.reload(non_blocking=non_blocking)
     engine._states_offloaded = False
+
+
+class OptimizerStateMethod:
+    """``optimizer.offload_states`` / ``reload_states`` / ``empty_partition_cache``: calls the engine's method
+    of the same name (:func:`bind_optimizer_state_methods`). Holds the engine weakly (the optimizer does
+    not keep a closed engine alive).
+
+    Raises:
+        EngineError: the engine that bound it no longer exists; otherwise what the engine's method raises.
+    """
+
+    def __init__(self, engine: Any, name: str) -> None:
+        self._engine = weakref.ref(engine)
+        self._name = name
+        self.__doc__ = getattr(type(engine), name).__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        engine = self._engine()
+        if engine is None:
+            _refuse(
+                f"optimizer.{self._name}(): the engine this optimizer belonged to is gone; call it on the "
+                "optimizer of a live engine (engine.optimizer)"
+            )
+        return getattr(engine, self._name)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<optimizer.{self._name} of the dscore engine (engine.{self._name})>"
+
+
+#: the methods DeepSpeed's ZeRO optimizers have that the engine's optimizer gets (the engine's calls)
+OPTIMIZER_STATE_METHODS: tuple[str, ...] = ("offload_states", "reload_states", "empty_partition_cache")
+
+
+def bind_optimizer_state_methods(engine: Any, optimizer: Any) -> list[str]:
+    """Give ``optimizer`` (what ``engine.optimizer`` returns) :data:`OPTIMIZER_STATE_METHODS` as instance
+    attributes calling ``engine``'s methods (module docstring). An optimizer whose class defines one of
+    them keeps its own; one bound to an earlier engine (a client optimizer passed to a second
+    ``initialize``) is re-bound to ``engine``.
+
+    Returns:
+        the names bound.
+    """
+    if optimizer is None:
+        return []
+    bound = []
+    for name in OPTIMIZER_STATE_METHODS:
+        current = vars(optimizer).get(name)
+        if current is not None and not isinstance(current, OptimizerStateMethod):
+            continue  # set by the user: theirs
+        if current is None and hasattr(type(optimizer), name):
+            continue  # the optimizer's own method
+        setattr(optimizer, name, OptimizerStateMethod(engine, name))
+        bound.append(name)
+    return bound

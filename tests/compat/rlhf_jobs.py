@@ -94,3 +94,87 @@ def trl_generation_job() -> dict[str, Any]:
         "invalid_trace_after": invalid_after,
         "valid_trace_after_training": not offload.param_coordinator.is_invalid_trace(),
     }
+
+
+def openrlhf_offload_job(stage: int) -> dict[str, Any]:
+    """OpenRLHF's state offload around generation, through ``deepspeed.initialize`` at ZeRO ``stage``, bf16
+    (fp32 masters apart from the bf16 parameters): two engines from the same weights train the same batches;
+    one of them, between training phases, moves states through ``engine.optimizer.offload_states(include=
+    [optim_states, contiguous_grad_buffer, hp_params], device=OffloadDeviceEnum.cpu, pin_memory=True,
+    non_blocking=True)`` + ``engine.empty_partition_cache()`` and back with ``engine.reload_states(
+    non_blocking=True)`` (OpenRLHF's offload/reload_deepspeed_states), then everything through
+    ``engine.optimizer.offload_states()`` / ``engine.optimizer.reload_states()``. Returns what was moved
+    (kinds, bytes per kind, device bytes left behind), the refusals while moved, and whether the two
+    engines' weights stayed equal bit for bit."""
+    import copy
+
+    import deepspeed
+    import torch
+    from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(5)
+    model = LlamaForCausalLM(tiny_llama_config())
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 4000},
+    }
+    plain, *_ = deepspeed.initialize(model=copy.deepcopy(model), config=copy.deepcopy(config))
+    moved, optimizer, *_ = deepspeed.initialize(model=model, config=config)
+    batches = _batches(5)
+
+    def train(engines: list[Any], batch: Any) -> None:
+        for engine in engines:
+            loss = engine(input_ids=batch, labels=batch).loss
+            engine.backward(loss)
+            engine.step()
+
+    def device_bytes_left(kinds: list[str]) -> int:
+        tensors = moved.zero_stage_impl.offload_state_tensors()
+        return sum(t.untyped_storage().nbytes() for k in kinds for t in tensors.get(k, []) if t is not None)
+
+    def refused(call: Any) -> str:
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - the message is the result
+            return f"{type(exc).__name__}: {exc}"
+        return ""
+
+    out: dict[str, Any] = {"optimizer_is_engines": optimizer is moved.optimizer}
+    initial = {k: v.clone() for k, v in plain.zero_stage_impl.module_state_dict().items()}
+    train([plain, moved], batches[0])
+    train([plain, moved], batches[1])
+    include = [OffloadStateTypeEnum.optim_states, OffloadStateTypeEnum.contiguous_grad_buffer,
+               OffloadStateTypeEnum.hp_params]
+    moved.optimizer.offload_states(include=include, device=OffloadDeviceEnum.cpu, pin_memory=True, non_blocking=True)
+    moved.empty_partition_cache()
+    offloader = moved.__dict__["_state_offloader"]
+    out["first"] = {
+        "offloaded": sorted(offloader.offloaded),
+        "bytes": offloader.bytes_by_kind(),
+        "left": device_bytes_left(["optim_states", "hp_params"]),
+        "forward": refused(lambda: moved(input_ids=batches[2], labels=batches[2])),
+        "step": refused(moved.step),
+    }
+    moved.reload_states(non_blocking=True)
+    train([plain, moved], batches[2])
+    train([plain, moved], batches[3])
+    moved.optimizer.offload_states()  # every kind, DeepSpeed's defaults (device cpu, pinned, blocking)
+    out["second"] = {
+        "offloaded": sorted(offloader.offloaded),
+        "left": device_bytes_left(["optim_states", "hp_params", "lp_params", "lp_grads", "contiguous_grad_buffer"]),
+        "nvme": refused(lambda: moved.optimizer.offload_states(device=OffloadDeviceEnum.nvme)),
+        "unknown": refused(lambda: moved.optimizer.offload_states(include=["optim_state"])),
+    }
+    moved.optimizer.reload_states()
+    out["reloaded"] = sorted(offloader.offloaded)
+    train([plain, moved], batches[4])
+    a, b = plain.zero_stage_impl.module_state_dict(), moved.zero_stage_impl.module_state_dict()
+    out["same"] = sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    out["trained"] = not all(torch.equal(a[k], initial[k]) for k in a)
+    plain.destroy()
+    moved.destroy()
+    return out
