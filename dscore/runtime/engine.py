@@ -194,7 +194,7 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
         self._holds_group = _lease_process_group(runtime)
         # DeepSpeed's ZeRO optimizers have offload_states / reload_states / empty_partition_cache (OpenRLHF
         # and verl call them on engine.optimizer): the engine's own calls
-        bind_optimizer_state_methods(self, zero_stage.optimizer)
+        bind_optimizer_state_methods(self, self.optimizer)
 
     # ------------------------------------------------------------------ attribute fall-through
     def __getattr__(self, name: str) -> Any:

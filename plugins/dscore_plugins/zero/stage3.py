@@ -156,11 +156,6 @@ class Stage3ParameterManager:
         """Release every gathered, non-persistent unit and free its memory (partitions stay)."""
         self._stage.empty_partition_cache()
 
-    def empty_partition_cache(self) -> None:
-        """DeepSpeed's ``DeepSpeedZeRoOffload.empty_partition_cache`` (what ``engine.empty_partition_cache()``
-        does): the same release as :meth:`partition_all_parameters`."""
-        self._stage.empty_partition_cache()
-
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Drop gradient partitions (nothing to drop unless backward ran through the module)."""
         self._stage.zero_grad()
