@@ -292,6 +292,19 @@ class ZeroStage(abc.ABC):
         """
         return None
 
+    def compile_regions(self) -> list[tuple[str, torch.nn.Module]] | None:
+        """The modules ``engine.compile()`` compiles one by one instead of the whole module, or None.
+
+        Called once, when the engine is compiled, before anything is compiled. A stage whose module hooks
+        must not run inside compiled code (stage 3 gathers and releases parameters in them) returns the
+        regions, as ``(qualified name, module)`` in module order, and from then on runs its hooks at the
+        regions' boundaries instead of on the modules inside them; the engine compiles each region's
+        ``forward`` separately, so those hooks run eagerly between the compiled graphs and none sits inside
+        one. Every module holding a parameter the stage gathers lies in exactly one region. Default: None
+        (stages 0-2 keep full parameters and hook nothing in forward: the whole module is compiled).
+        """
+        return None
+
     def generation_context(self) -> AbstractContextManager[None]:
         """A context in which the module runs forward for generation (``engine.generation_mode()``).
 

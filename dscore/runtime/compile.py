@@ -26,22 +26,23 @@ A :class:`dscore.pipe.PipelineModule` is compiled layer by layer (DeepSpeed 0.19
 compiled version. The stage's own loop over its layers (and activation checkpointing between them) stays
 eager, so a graph is produced per layer and no graph spans a pipeline send/receive.
 
-ZeRO-3 under compile (issue 41 item 2), the design chosen: **one eager region per ZeRO unit**. The stage-3
-gather/release hooks (``dscore_plugins.zero.coordinator.ModuleHook``) run under ``torch.compiler.disable``,
-so the user's graph breaks at each hooked module's hooks (pre- and post-forward share one region boundary;
-the root module's post-forward hook adds one): measured on a 2-layer Llama, 22 breaks for 21 hooked modules,
-what DeepSpeed 0.19.8 does too (its coordinator is disabled the same way). The released-parameter guard
-(:mod:`dscore.zero.released`) lets dynamo's fake-tensor probing through (it reads metadata only), so a graph
-may hold a released parameter whose shape alone it uses; a real use still raises
-``PartitionedParameterError``. 0 breaks would need FSDP2's approach: the pre-forward gather written as a
-traceable function (functional all-gather into a pre-allocated flat buffer, ``torch.ops.fsdp``-style
-copy-in/split ops registered as custom ops, the released/gathered state held in tensors rather than in
-Python objects and a Python class swap) and backward reduce hooks that compiled autograd can trace. The
-coordinator's policy (prefetch order, LRU eviction under ``max_live_parameters``, reuse distance) is Python
-control flow on counters that would specialise and recompile every step, so it would first have to become a
-static per-graph schedule, which is what DeepCompile does as a graph pass. Not done here: the per-unit
-bound is what DeepSpeed offers, keeps every ZeRO-3 option (offload, NVMe, ZeRO++) working unchanged, and
-is exact.
+ZeRO-3 under compile (issue 41 item 2), the design chosen: **the ZeRO unit's block is the compiled region**.
+A stage whose module hooks must not run inside compiled code says so through
+:meth:`dscore.protocols.zero.ZeroStage.compile_regions`; stage 3 returns its regions (each transformer block,
+i.e. each entry of an ``nn.ModuleList`` / ``nn.Sequential``, and each remaining module owning parameters: the
+embedding, the final norm, the ``lm_head``; ``dscore_plugins.zero.regions``) and from then on runs the
+gather/release/prefetch hooks of every module inside a region once, at the region's boundary. The engine
+compiles each region's ``forward`` on its own (:func:`compile_regions`), so those hooks run in the region's
+eager ``_call_impl`` around its graph, and the model's own ``forward`` between regions (masks, rotary
+embeddings, the layer loop) stays eager. Measured on a 2-layer Llama: 0 graph breaks (22 when the hooks sat
+inside one compiled module; DeepSpeed 0.19.8: 49), one graph per region, losses equal to eager, with and
+without parameter offload; ``fullgraph=True`` works at stage 3 too. It is FSDP2's recommended use
+(``fully_shard`` and ``torch.compile`` per block) with the coordinator's whole policy (prefetch order, LRU
+eviction under ``max_live_parameters``, reuse distance, offload, NVMe, ZeRO++) unchanged, because that policy
+runs between graphs in Python, where it may specialise freely. Each region's compiled function has a code
+object of its own: dynamo caches per code object, and blocks sharing one would share its recompile limit (8).
+Not done: a single graph across blocks, which would need the gathers written as traceable ops and the policy
+turned into a static schedule (what DeepCompile does as a graph pass).
 
 DeepCompile (``compile.deepcompile``) is not implemented (the config block is refused key by key, see
 docs/config-keys.md), so a non-None ``schedule`` is refused with a :class:`dscore.errors.ConfigError`.
@@ -51,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -58,9 +60,12 @@ import torch
 
 from dscore.errors import ConfigError
 
-__all__ = ["CompileState", "compile_in_place", "unwrap_compiled"]
+__all__ = ["CompileState", "compile_in_place", "compile_regions", "unwrap_compiled"]
 
 log = logging.getLogger(__name__)
+
+#: a ZeRO stage's ``compile_regions``: the regions to compile one by one, or None for the whole module
+RegionsFn = Callable[[], "list[tuple[str, torch.nn.Module]] | None"]
 
 
 def _through(call_impl: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,6 +74,57 @@ def _through(call_impl: Callable[..., Any]) -> Callable[..., Any]:
         return call_impl(*args, **kwargs)
 
     return call
+
+
+class _CompiledForward:
+    """A region's ``forward``: the compiled call of its previous ``forward`` (see :func:`compile_regions`).
+
+    ``copy.deepcopy`` of the module (a reference model, an EMA copy) gives the copy its plain ``forward``:
+    the copy runs eagerly instead of calling into the original module's compiled code.
+    """
+
+    __slots__ = ("compiled", "plain")
+
+    def __init__(self, compiled: Callable[..., Any], plain: Callable[..., Any]) -> None:
+        self.compiled = compiled
+        self.plain = plain
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.compiled(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        import copy
+
+        return copy.deepcopy(self.plain, memo)
+
+
+def _own_code(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    # like _through, with a code object of its own: dynamo caches compiled code per code object, and regions
+    # sharing one code object would share its cache (recompiling on each region's guards, up to dynamo's
+    # recompile limit, then running eagerly)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    code = call.__code__.replace(co_name=name, co_qualname=name)
+    return types.FunctionType(code, call.__globals__, name, call.__defaults__, call.__closure__)
+
+
+def compile_regions(
+    regions: list[tuple[str, torch.nn.Module]], compiler: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> None:
+    """Compile each region's ``forward`` on its own, leaving ``_call_impl`` (the modules' hooks) eager.
+
+    Used where a ZeRO stage runs its hooks at the regions' boundaries (:meth:`dscore.protocols.zero.ZeroStage.
+    compile_regions`): the hooks of a region run before and after its compiled graph, never inside it.
+
+    Args:
+        regions: ``(qualified name, module)`` pairs; each module's ``forward`` is replaced in place.
+        compiler: as in :func:`compile_in_place`.
+    """
+    for name, module in regions:
+        plain = module.forward
+        label = "dscore_region_" + "".join(c if c.isalnum() else "_" for c in (name or "root"))
+        module.forward = _CompiledForward(compiler(_own_code(plain, label)), plain)  # type: ignore[method-assign]
 
 
 def compile_in_place(module: torch.nn.Module, compiler: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
@@ -118,6 +174,7 @@ class CompileState:
         compiled: True after :meth:`compile` (or an adopted ``torch.compile(model)``).
         backend / compile_kwargs: what :meth:`compile` used (None / {} for an adopted OptimizedModule).
         compiled_autograd: True when backward runs under compiled autograd (:meth:`backward_context`).
+        regions: the ``(name, module)`` regions compiled one by one, or None when the whole module was.
     """
 
     def __init__(self) -> None:
@@ -125,11 +182,18 @@ class CompileState:
         self.backend: Any = None
         self.compile_kwargs: dict[str, Any] = {}
         self.compiled_autograd = False
+        self.regions: list[tuple[str, torch.nn.Module]] | None = None
 
-    def adopt(self, module: torch.nn.Module, dynamo_ctx: Any) -> None:
-        """Install the dynamo context of a user's ``torch.compile(model)`` on ``module`` in place."""
-        compile_in_place(module, dynamo_ctx)
+    def adopt(self, module: torch.nn.Module, dynamo_ctx: Any, *, regions: RegionsFn | None = None) -> None:
+        """Install the dynamo context of a user's ``torch.compile(model)`` on ``module`` in place (on each of
+        ``regions()`` instead when that returns regions, as :meth:`compile`)."""
+        chosen = regions() if regions is not None else None
+        if chosen is not None:
+            compile_regions(chosen, dynamo_ctx)
+        else:
+            compile_in_place(module, dynamo_ctx)
         self.compiled = True
+        self.regions = chosen
 
     def compile(
         self,
@@ -140,6 +204,7 @@ class CompileState:
         schedule: Any,
         compiled_autograd_enabled: bool,
         deepcompile: bool,
+        regions: RegionsFn | None = None,
         where: str = "engine.compile()",
     ) -> None:
         """DeepSpeed 0.19.8's ``engine.compile`` on ``module`` (see the module docstring).
@@ -152,6 +217,9 @@ class CompileState:
             schedule: DeepCompile's pass schedule; must be None (DeepCompile is not implemented).
             compiled_autograd_enabled: run backward under compiled autograd (:meth:`backward_context`).
             deepcompile: whether the config turned DeepCompile on (always refused earlier today).
+            regions: the ZeRO stage's :meth:`~dscore.protocols.zero.ZeroStage.compile_regions`, asked once the
+                arguments are valid: when it returns regions, each region's ``forward`` is compiled on its own
+                (:func:`compile_regions`) instead of the whole module.
             where: the call named in errors.
 
         Raises:
@@ -187,8 +255,13 @@ class CompileState:
         def compiler(fn: Callable[..., Any]) -> Callable[..., Any]:
             return torch.compile(fn, **options)  # type: ignore[no-any-return]
 
-        compile_in_place(module, compiler)
+        chosen = regions() if regions is not None else None
+        if chosen is not None:
+            compile_regions(chosen, compiler)
+        else:
+            compile_in_place(module, compiler)
         self.compiled = True
+        self.regions = chosen
         self.backend = backend
         self.compile_kwargs = dict(compile_kwargs)
         self.compiled_autograd = bool(compiled_autograd_enabled)

@@ -278,6 +278,7 @@ class DscoreEngine(DeepSpeedAccessors, CheckpointState, torch.nn.Module):
             schedule=schedule,
             compiled_autograd_enabled=compiled_autograd_enabled,
             deepcompile=False,
+            regions=self.zero_stage_impl.compile_regions,
         )
 
     @property

@@ -201,7 +201,7 @@ def initialize(
         )
         engine = registry.load(engine_spec)(engine_ctx)
         if dynamo_ctx is not None:
-            engine._compile_state.adopt(engine.module, dynamo_ctx)
+            engine._compile_state.adopt(engine.module, dynamo_ctx, regions=engine.zero_stage_impl.compile_regions)
         verify_transforms(runtime, cfg, engine_name=engine_spec.name, engine=engine, model=model)
         _check_engine_used_mesh(engine, engine_spec.name, runtime.mesh)
         log.info("engine %s built (%s)", engine_spec.name, type(engine).__name__)

@@ -73,8 +73,8 @@ def engine_compile_stages(stages: list[int]) -> dict[str, Any]:
         engine, *_ = dscore.initialize(model=_model(), config=_config(stage))
         before = engine.is_compiled
         rec = Recorder()
-        # fullgraph at 0-2; ZeRO-3 breaks at its (eager) gather/release hooks
-        engine.compile(backend=rec, compile_kwargs={"fullgraph": stage < 3})
+        # fullgraph at every stage: at ZeRO-3 each Linear is a region, its hooks outside the compiled forward
+        engine.compile(backend=rec, compile_kwargs={"fullgraph": True})
         losses = _train(engine, rank)
         graphs = rec.graphs
         again = Recorder()
@@ -88,6 +88,7 @@ def engine_compile_stages(stages: list[int]) -> dict[str, Any]:
             "second_graphs": again.graphs,
             "is_compiled": (before, engine.is_compiled),
             "keys": sorted(engine.module.state_dict()),
+            "regions": None if engine._compile_state.regions is None else [n for n, _ in engine._compile_state.regions],
         }
         engine.close()
     return out
@@ -220,7 +221,7 @@ def compile_refusals() -> dict[str, Any]:
     return out
 
 
-LLAMA_VOCAB, LLAMA_SEQ = 64, 8
+LLAMA_VOCAB, LLAMA_SEQ, LLAMA_LAYERS = 64, 8, 2
 
 
 def _llama() -> Any:
@@ -229,8 +230,8 @@ def _llama() -> Any:
 
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=LLAMA_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=32,
+        vocab_size=LLAMA_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=LLAMA_LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
     )
     return LlamaForCausalLM(cfg)
 
@@ -271,7 +272,9 @@ def llama_compile(zero: dict[str, Any]) -> dict[str, Any]:
     engine.compile(backend=rec)
     losses = _train_llama(engine, rank)
     hooked = len(getattr(engine.zero_stage_impl, "module_units", {}))
+    regions = engine._compile_state.regions
     out = {
+        "regions": None if regions is None else [name for name, _ in regions],
         "eager": eager_losses,
         "compiled": losses,
         "graphs": rec.graphs,

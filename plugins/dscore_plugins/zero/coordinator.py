@@ -236,6 +236,84 @@ class Coordinator(DivergenceCheck):
         except DistributedError as exc:
             raise self._gather_failed(mod, exc) from exc
 
+    # ------------------------------------------------------------------ compiled regions (.regions)
+    # The hooks of a region's modules, run once at the region's boundary (eagerly, outside its compiled
+    # forward): the same bookkeeping as _pre_forward/_post_forward/_pre_backward per member module, in
+    # module order, with every gather of the region in flight together.
+    _region_members: dict[torch.nn.Module, list[torch.nn.Module]]
+
+    def _region_units(self, mods: list[torch.nn.Module]) -> list[UnitState]:
+        seen: set[int] = set()
+        out = []
+        for m in mods:
+            for s in self.module_units[m]:
+                if id(s) not in seen:
+                    seen.add(id(s))
+                    out.append(s)
+        return out
+
+    def _region_pre_forward(self, region: torch.nn.Module, args: Any) -> None:
+        if self._generation_depth:
+            return
+        mods = self._region_members[region]
+        if self._recording is not None and torch.is_grad_enabled():
+            self._recording.extend(mods)
+        for m in mods:
+            for s in self.module_units[m]:
+                self._in_use.add(id(s.unit))
+                s.unit.active_sub_modules.add(id(m))
+        units = self._region_units(mods)
+        timers = active_timers()
+        t0 = clock(timers)
+        try:
+            for s in units:
+                self._fetch(s, async_op=True)
+            self._prefetch(mods[-1], +1)
+            for s in units:
+                s.unit.wait()
+        except DistributedError as exc:
+            raise self._gather_failed(region, exc) from exc
+        if timers is not None:
+            timers.add("forward.allgather_wait", clock(timers) - t0)
+
+    def _region_post_forward(self, region: torch.nn.Module, args: Any, output: Any) -> None:
+        if self._generation_depth:
+            return
+        grad = torch.is_grad_enabled()
+        regather: list[torch.nn.Module] = []
+        release: list[UnitState] = []
+        for m in self._region_members[region]:
+            units = self.module_units[m]
+            for s in units:
+                self._in_use.discard(id(s.unit))
+                s.unit.active_sub_modules.discard(id(m))
+            keep = grad and self._reuse_distance(m) <= self.max_reuse
+            if grad and (not keep or self._may_evict):
+                regather.append(m)
+            if not keep:
+                release.extend(s for s in units if all(s is not r for r in release))
+        if regather:
+            tensors = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+            if tensors:  # the region's compiled backward needs every member's parameters at once
+                torch.autograd.graph.register_multi_grad_hook(
+                    tensors, lambda _g, ms=tuple(regather): self._pre_backward_many(ms), mode="any"
+                )
+        for s in release:
+            self._release(s)
+
+    def _pre_backward_many(self, mods: tuple[torch.nn.Module, ...]) -> None:
+        units = self._region_units(list(mods))
+        for s in units:
+            if s.trainable:
+                self._in_use.add(id(s.unit))
+            self._fetch(s, async_op=True)
+        try:
+            self._prefetch(mods[0], -1)
+            for s in units:
+                s.unit.wait()
+        except DistributedError as exc:
+            raise self._gather_failed(mods[0], exc) from exc
+
     def _gather_failed(self, mod: torch.nn.Module, exc: DistributedError) -> DistributedError:
         """A gather whose peers posted another collective (different sizes): most often ranks running
         different modules; say which module this rank was entering and how to make its block a leaf."""

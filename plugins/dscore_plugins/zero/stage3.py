@@ -90,6 +90,7 @@ from dscore.zero.reducer import GradientReducer, comm_dtype_of, gradient_divisor
 from dscore.zero.released import name_parameters
 from dscore_plugins.zero.config import ZeroConfig
 from dscore_plugins.zero.coordinator import Coordinator, ModuleHook
+from dscore_plugins.zero.regions import choose_regions
 from dscore_plugins.zero.experts import ReducerSet, group_comm, refuse_nvme_with_experts
 from dscore_plugins.zero.host_memory import apply_host_malloc_policy
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
@@ -295,6 +296,8 @@ class Stage3(StateIO, Coordinator, ZeroStage):
         self._fresh = True
         # the module hooks are optimizer.parameter_offload.forward_hooks (TRL removes and re-adds them)
         self.parameter_offload = ParameterOffload(self)
+        self._regions: list[tuple[str, torch.nn.Module]] | None = None  # set by compile_regions (.regions)
+        self._region_members = {}
         self.parameter_offload.forward_hooks = self._register_module_hooks()
         self._hooks: list[Any] = []
         # every trainable unit is one bucket; launched as soon as it is complete (every rank runs the same
@@ -348,12 +351,34 @@ class Stage3(StateIO, Coordinator, ZeroStage):
         post-forward check; returns their handles (:attr:`parameter_offload`'s ``forward_hooks``)."""
         module = self.ctx.module
         hooks: list[Any] = []
+        inside = {id(m) for ms in self._region_members.values() for m in ms}
         for mod in self.module_units:
+            if id(mod) in inside:  # compiled: its hooks run at its region's boundary
+                continue
             hooks.append(mod.register_forward_pre_hook(ModuleHook(self._pre_forward)))
             hooks.append(mod.register_forward_hook(ModuleHook(self._post_forward)))
+        for region in self._region_members:
+            hooks.append(region.register_forward_pre_hook(ModuleHook(self._region_pre_forward)))
+            hooks.append(region.register_forward_hook(ModuleHook(self._region_post_forward)))
         # a forward without autograd (evaluation) has no backward to check it: check at the model's end
         hooks.append(module.register_forward_hook(ModuleHook(self._root_post_forward)))
         return hooks
+
+    def compile_regions(self) -> list[tuple[str, torch.nn.Module]]:
+        """The regions ``engine.compile()`` compiles one by one (:mod:`dscore_plugins.zero.regions`); from this
+        call on, the gather/release hooks of the modules inside a region run at that region's boundary."""
+        if self._regions is None:
+            chosen = choose_regions(self.ctx.module, list(self.module_units))
+            self._regions = [(name, region) for name, region, _ in chosen]
+            self._region_members = {region: members for _, region, members in chosen}
+            offload = self.parameter_offload
+            if offload.forward_hooks:  # hooks removed by a client (TRL's remove_hooks) stay removed
+                for handle in offload.forward_hooks:
+                    handle.remove()
+                offload.forward_hooks = self._register_module_hooks()
+            log.info("ZeRO stage 3 under torch.compile: %d compiled region(s): %s", len(self._regions),
+                     ", ".join(name or "<root>" for name, _ in self._regions))
+        return list(self._regions)
 
     # ------------------------------------------------------------------ contract
     @property
