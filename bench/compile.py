@@ -8,10 +8,14 @@ training steps, ``--rounds`` times each; reported: the median steps/s of each an
 Models: ``mlp`` (``--layers`` x ``Linear(hidden, hidden)`` with ReLU, 4 x 1024 by default, micro batch 64,
 as dp_throughput.py) and ``gpt`` (examples/gpt's model at its default size, micro batch 8, block 128).
 Frameworks: ``dscore`` and, when DeepSpeed 0.19.8 is importable (the bench venv, bench/README.md),
-``deepspeed`` (its ``engine.compile()``, same config plus ``foreach``, see _deepspeed_peer.py). FSDP2 +
-torch.compile is not measured here (yet).
+``deepspeed`` (its ``engine.compile()``, same config plus ``foreach``, see _deepspeed_peer.py), and torch's
+FSDP2 as the stage-3 peer (its rows are stage 3 only; ``fully_shard`` on a CPU mesh over gloo, each
+``Linear`` of the MLP / each GPT block a unit, then the root; AdamW ``foreach``, clipping 1.0 as the
+engines): ``fsdp2-block`` compiles each unit (``module.compile()``, torch's recommended use) and
+``fsdp2-whole`` the whole model (``torch.compile(model)``).
 
-Targets (issue 41): compiled >= eager at every stage, stage 3 compiled >= 1.15x its eager.
+Targets (issue 41): compiled >= eager at every stage, stage 3 compiled >= 1.15x its eager, dscore stage 3
+compiled >= FSDP2 compiled (steps/s).
 
 Usage::
 
@@ -79,6 +83,51 @@ def _model(name: str, hidden: int, layers: int) -> tuple[Any, Any, int]:
     return model, gpt_batch, 8
 
 
+class _FSDP2:
+    """torch FSDP2 driven like an engine (``engine(*args)``, ``backward``, ``step``) for the same loop."""
+
+    def __init__(self, model: Any, units: list[Any]) -> None:
+        import torch
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+        for unit in units:
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        self.model, self.units = model, units
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+
+    def compile(self, backend: str, whole: bool) -> None:
+        import torch
+
+        if whole:
+            self.model = torch.compile(self.model, backend=backend)
+        else:
+            for unit in self.units:
+                unit.compile(backend=backend)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.model(*args)
+
+    def backward(self, loss: Any) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        import torch
+
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+
+def _units(model: Any) -> list[Any]:
+    import torch
+
+    blocks = getattr(model, "blocks", None)
+    return list(blocks) if blocks is not None else [m for m in model if isinstance(m, torch.nn.Linear)]
+
+
 def _loss(out: Any) -> Any:
     # the GPT returns its LM loss given targets; the MLP's output is reduced to a scalar
     return out if out.dim() == 0 else (out * out).mean()
@@ -93,6 +142,12 @@ def _worker(framework: str, model_name: str, stage: int, args: dict[str, Any]) -
     engines = {}
     for mode in ("eager", "compiled"):
         model, batch, micro = _model(model_name, args["hidden"], args["layers"])
+        if framework.startswith("fsdp2"):
+            engine = _FSDP2(model, _units(model))
+            if mode == "compiled":
+                engine.compile(args["backend"], whole=framework == "fsdp2-whole")
+            engines[mode] = engine
+            continue
         if framework == "deepspeed":
             sys.path.insert(0, str(HERE))
             import _deepspeed_peer
@@ -135,7 +190,7 @@ def _worker(framework: str, model_name: str, stage: int, args: dict[str, Any]) -
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--frameworks", default="dscore,deepspeed")
+    p.add_argument("--frameworks", default="dscore,deepspeed,fsdp2-block,fsdp2-whole")
     p.add_argument("--models", default="mlp,gpt")
     p.add_argument("--stages", default="0,1,2,3")
     p.add_argument("--steps", type=int, default=5, help="steps per timed block")
@@ -169,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     for model in a.models.split(","):
         for stage in (int(s) for s in a.stages.split(",")):
             for fw in frameworks:
+                if fw.startswith("fsdp2") and stage != 3:
+                    continue  # FSDP2 shards parameters: the stage-3 peer only
                 env = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
                 try:
                     res = run_distributed(_worker, 2, fw, model, stage, opts, env=env, timeout=1800)
