@@ -283,4 +283,12 @@ def llama_compile(zero: dict[str, Any]) -> dict[str, Any]:
         "hooked_modules": hooked,
     }
     engine.close()
+    if zero["stage"] == 3:  # initialize(model=torch.compile(model)) takes the same regions
+        torch._dynamo.reset()
+        counters.clear()
+        adopted, *_ = dscore.initialize(model=torch.compile(_llama(), backend=Recorder()), config=config)
+        out["adopted"] = _train_llama(adopted, rank)
+        out["adopted_breaks"] = sum(counters["graph_break"].values())
+        out["adopted_regions"] = len(adopted._compile_state.regions or [])
+        adopted.close()
     return out

@@ -101,3 +101,6 @@ def test_llama_engine_compile_matches_eager(zero: dict) -> None:
             assert r["regions"] == ["model.embed_tokens", *layers, "model.norm", "lm_head"], r["regions"]
             # a graph per region at least (the recorder counts each compiled graph once)
             assert r["graphs"] >= len(r["regions"]), (rank, r["graphs"])
+            # dscore.initialize(model=torch.compile(model)): the same regions, losses and 0 breaks
+            assert r["adopted"] == pytest.approx(r["eager"], abs=1e-5), rank
+            assert (r["adopted_breaks"], r["adopted_regions"]) == (0, len(r["regions"])), rank
