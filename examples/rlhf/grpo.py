@@ -68,7 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--target", type=int, default=7, help="the token id the reward counts (2..15)")
     p.add_argument("--ppo_epochs", type=int, default=2, help="updates per batch of completions")
     p.add_argument("--clip", type=float, default=0.2, help="PPO ratio clip epsilon")
-    p.add_argument("--beta", type=float, default=0.04, help="weight of the k3 KL penalty to the reference")
+    p.add_argument("--beta", type=float, default=None,
+                   help="weight of the k3 KL penalty to the reference (default 0.04; with --trl only 0, the default there)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--log_interval", type=int, default=10, help="print a line every N steps")
     p.add_argument("--seed", type=int, default=1234)
@@ -83,20 +84,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--group must be at least 2 (advantages are relative to the group), got {args.group}")
     if not 2 <= args.target < VOCAB:
         p.error(f"--target must be a token id in 2..{VOCAB - 1}, got {args.target}")
+    if args.trl and args.beta not in (None, 0.0):
+        # TRL loads its reference with from_pretrained, which under ZeRO-3 fails on dscore (trl_grpo.py says why)
+        p.error(f"--trl runs without a reference model (--beta 0); got --beta {args.beta}")
+    if args.beta is None:
+        args.beta = 0.0 if args.trl else 0.04
     if args.deepspeed_config is None and args.deepscale_config is None:
         args.deepspeed_config = str(HERE / "ds_config.json")
     return args
 
 
+def tiny_llama_config() -> Any:
+    """The policy's ``LlamaConfig``: 2 layers, hidden size 32, a 16-token vocabulary, no end-of-sequence token."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                       pad_token_id=PAD, bos_token_id=BOS, eos_token_id=None, tie_word_embeddings=False)
+
+
 def tiny_llama(seed: int) -> Any:
-    """A 2-layer Llama with a 16-token vocabulary (~30k parameters), the same weights for the same seed."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A ``LlamaForCausalLM`` of :func:`tiny_llama_config` (~20k parameters), the same weights for the same seed."""
+    from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                      pad_token_id=PAD, bos_token_id=BOS, eos_token_id=None, tie_word_embeddings=False)
-    model = LlamaForCausalLM(cfg)
+    model = LlamaForCausalLM(tiny_llama_config())
     model.generation_config.eos_token_id = None  # completions always have --new_tokens tokens
     model.generation_config.pad_token_id = PAD
     return model
