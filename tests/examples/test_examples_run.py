@@ -222,3 +222,16 @@ def test_grpo_under_dscore_run_raises_the_reward(tmp_path: Path) -> None:
     assert last > first + 0.15, rewards
     assert float(rows[-1][2]) > 10 * float(rows[0][2]) > 0  # the policy starts at the reference and moves away
     assert out.count("summary: 12 steps") == 1
+
+
+def test_grpo_trl_path_under_dscore_run(tmp_path: Path) -> None:
+    """``--trl``: TRL's GRPOTrainer builds dscore's ZeRO-3 engine through compat ``deepspeed`` and trains 2 steps;
+    ``--trl --beta 0.1`` is refused by rank 0 (TRL's reference would be loaded by from_pretrained)."""
+    pytest.importorskip("trl")
+    out = _ok(launched(tmp_path, str(GRPO), "--trl", "--steps", "2", "--log_interval", "1"))
+    assert out.count("TRL GRPOTrainer: engine dscore.runtime.engine.DscoreEngine from `deepspeed` (dscore's layer: "
+                     "True), ZeRO stage 3") == 1
+    assert re.search(r"^step\s+1/2 \| reward [0-9.]+ \|", out, re.M), out[-3000:]
+    assert out.count("summary (TRL): 2 steps") == 1
+    bad = launched(tmp_path, str(GRPO), "--trl", "--beta", "0.1")
+    assert bad.returncode == 2 and (bad.stdout + bad.stderr).count("--trl runs without a reference model") == 1
