@@ -9,7 +9,6 @@ each other name imports and raises
 from __future__ import annotations
 
 from deepspeed._not_provided import refused_module_getattr
-
 from dscore.parallel.tp_layers import GatherReplacedLayerParams
 
 __all__ = ["GatherReplacedLayerParams"]
