@@ -16,6 +16,7 @@ gathered for checkpoints and sliced again on load (:func:`shard_of`, :func:`gath
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 __all__ = [
     "ColumnParallelLinear",
     "EmbeddingDimSplit",
+    "GatherReplacedLayerParams",
     "RowParallelLinear",
     "TPParam",
     "gather_full",
@@ -255,3 +257,85 @@ class EmbeddingDimSplit(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim} split over tp {self.tp}"
+
+
+_FULL_ATTR = "_dscore_tp_full"  # set on a split parameter while a GatherReplacedLayerParams holds it full
+
+
+class GatherReplacedLayerParams:
+    """DeepSpeed 0.19.8's ``deepspeed.module_inject.layers.GatherReplacedLayerParams``: inside the context the
+    tensor-parallel split parameters among ``params`` hold their full tensors; on exit each rank keeps its
+    slice of the (possibly modified) full tensor again.
+
+    A parameter is "replaced" when an AutoTP layer of ``module`` (itself or a submodule with ``tp_params``:
+    :class:`ColumnParallelLinear`, :class:`RowParallelLinear`, :class:`EmbeddingDimSplit`) lists it as split.
+    Other parameters (a row layer's replicated bias, norms, a model without tensor parallelism) are left as
+    they are; when none of ``params`` is split the context does nothing (DeepSpeed's rule), as with
+    ``enabled=False``. A parameter already held full by an enclosing context is not gathered again (the
+    outer one re-slices it). Entering is collective over each layer's tensor-parallel group: every rank of it
+    enters with the same parameters. An edit made inside the context is kept when every rank makes it (each
+    slices its part of its own full copy), as in DeepSpeed.
+
+    Under ZeRO-3 the split parameters are also partitioned over the data-parallel group: enter
+    ``dscore.zero.GatheredParameters`` first (as DeepSpeed's engine does around this context).
+
+    Args:
+        params: one parameter or an iterable of them (e.g. ``module.parameters(recurse=False)``).
+        module: the module they belong to (its submodules are searched too).
+        enabled: False makes the context do nothing.
+
+    Raises:
+        TypeError: ``module`` is not a ``torch.nn.Module``, or ``params`` holds something not a tensor.
+        RuntimeError (on enter): a split parameter is ZeRO-3 partitioned and not gathered.
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor] | torch.Tensor, module: torch.nn.Module,
+                 enabled: bool = True) -> None:
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"GatherReplacedLayerParams: module must be a torch.nn.Module, got {type(module).__name__}")
+        plist = [params] if isinstance(params, torch.Tensor) else list(params)
+        for p in plist:
+            if not isinstance(p, torch.Tensor):
+                raise TypeError(f"GatherReplacedLayerParams: params must be tensors, got a {type(p).__name__}")
+        self.module, self.params = module, plist
+        owners: dict[int, tuple[torch.nn.Module, TPParam]] = {}
+        for layer in module.modules():
+            specs = getattr(layer, "tp_params", None)
+            if isinstance(specs, dict):
+                for name, spec in specs.items():
+                    t = getattr(layer, name, None)
+                    if isinstance(t, torch.Tensor):
+                        owners[id(t)] = (layer, spec)
+        self._split = [(p, *owners[id(p)]) for p in plist if id(p) in owners]
+        self.enabled = bool(enabled) and bool(self._split)
+        self._held: list[tuple[torch.Tensor, TPParam, torch.Tensor]] = []
+
+    def __enter__(self) -> None:
+        if not self.enabled:
+            return
+        from dscore.zero.partition import unit_of
+
+        for p, _layer, _spec in self._split:
+            unit = unit_of(p)
+            if unit is not None and not unit.gathered:
+                raise RuntimeError(
+                    "GatherReplacedLayerParams: a tensor-parallel parameter is ZeRO-3 partitioned and not gathered "
+                    f"(shape {tuple(getattr(p, 'ds_shape', p.shape))}); enter dscore.zero.GatheredParameters("
+                    "params) first"
+                )
+        for p, layer, spec in self._split:
+            if getattr(p, _FULL_ATTR, False) or spec.tp == 1:
+                continue
+            shard = p.data  # kept: under ZeRO-3 it is a view of the unit's buffer, written back on exit
+            with torch.no_grad():
+                p.data = gather_full(shard, spec, layer.comm).contiguous()
+            setattr(p, _FULL_ATTR, True)
+            self._held.append((p, spec, shard))
+
+    def __exit__(self, *exc: Any) -> None:
+        for p, spec, shard in self._held:
+            with torch.no_grad():
+                shard.copy_(shard_of(p.data, spec))
+                p.data = shard
+            delattr(p, _FULL_ATTR)
+        self._held = []
