@@ -90,13 +90,13 @@ from dscore.zero.reducer import GradientReducer, comm_dtype_of, gradient_divisor
 from dscore.zero.released import name_parameters
 from dscore_plugins.zero.config import ZeroConfig
 from dscore_plugins.zero.coordinator import Coordinator, ModuleHook
-from dscore_plugins.zero.regions import choose_regions
 from dscore_plugins.zero.experts import ReducerSet, group_comm, refuse_nvme_with_experts
 from dscore_plugins.zero.host_memory import apply_host_malloc_policy
 from dscore_plugins.zero.nvme_optimizer import attach as nvme_attach
 from dscore_plugins.zero.nvme_params import attach as nvme_attach_params
 from dscore_plugins.zero.offload import offload_device, offload_pin
 from dscore_plugins.zero.param_offload import ParameterOffload, install_external_parameter_views
+from dscore_plugins.zero.regions import choose_regions
 from dscore_plugins.zero.state import StateIO
 from dscore_plugins.zero.step import step_partitions
 from dscore_plugins.zero.units import UnitBucket, UnitState
