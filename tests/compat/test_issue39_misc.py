@@ -37,3 +37,74 @@ def test_runtime_constants_name_the_keys_and_defaults_dscore_config_uses() -> No
     assert set(c.CHECKPOINT_TAG_VALIDATION_MODES) == {"WARN", "IGNORE", "FAIL"}
     engine, *_ = deepspeed.initialize(model=_model(), config=_config())
     assert engine.gradient_clipping() == c.GRADIENT_CLIPPING_DEFAULT
+
+
+class _Tied(torch.nn.Module):
+    """Tied a.weight / b.weight, a frozen layer and an integer buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+        self.b.weight = self.a.weight
+        self.frozen = torch.nn.Linear(8, 2)
+        self.frozen.requires_grad_(False)
+        self.register_buffer("index", torch.arange(3, device="cpu"))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.frozen(self.b(self.a(x)))
+
+
+def test_zero_to_fp32_conversions_write_deepspeeds_files_with_tied_weights_kept_tied(tmp_path) -> None:
+    import json
+
+    import pytest
+    from deepspeed.utils import zero_to_fp32 as z
+
+    from dscore.errors import CheckpointError
+
+    for stage in (2, 3):
+        engine, *_ = deepspeed.initialize(model=_Tied(), config=_config(zero_optimization={"stage": stage}))
+        engine.backward(engine(torch.ones(2, 8)).sum())
+        engine.step()
+        ckpt = tmp_path / f"ckpt{stage}"
+        engine.save_checkpoint(str(ckpt), tag="t")
+        full = z.get_fp32_state_dict_from_zero_checkpoint(ckpt, tag="t")
+        assert full["a.weight"] is full["b.weight"] and full["a.weight"].dtype == torch.float32
+        assert set(full) == {"a.weight", "a.bias", "b.weight", "b.bias", "frozen.weight", "frozen.bias", "index"}
+        lazy = z.get_fp32_state_dict_from_zero_checkpoint(ckpt, tag="t", lazy_mode=True)
+        assert all(torch.equal(lazy[k].contiguous(), full[k]) for k in full)
+        trainable = z.get_fp32_state_dict_from_zero_checkpoint(ckpt, "t", exclude_frozen_parameters=True)
+        assert set(full) - set(trainable) == {"frozen.weight", "frozen.bias"}
+
+        out = tmp_path / f"fp32_{stage}"
+        z.convert_zero_checkpoint_to_fp32_state_dict(ckpt, out, tag="t")
+        assert sorted(p.name for p in out.iterdir()) == ["pytorch_model.bin"]
+        loaded = torch.load(out / "pytorch_model.bin", weights_only=True)
+        assert id(loaded["a.weight"]) == id(loaded["b.weight"])
+        assert all(torch.equal(loaded[k], full[k]) for k in full)
+        _Tied().load_state_dict(loaded, strict=True)
+
+    # DeepSpeed's newer name: any output dtype, Hugging Face shards and index, safetensors
+    shards = tmp_path / "shards"
+    z.convert_zero_checkpoint_to_state_dict(ckpt, shards, dtype="bf16", max_shard_size=100, tag="t")
+    index = json.loads((shards / "pytorch_model.bin.index.json").read_text())
+    files = sorted(p.name for p in shards.iterdir() if p.suffix == ".bin")
+    assert len(files) > 1 and set(index["weight_map"].values()) == set(files) and set(index["weight_map"]) == set(full)
+    assert index["weight_map"]["a.weight"] == index["weight_map"]["b.weight"]
+    merged: dict = {}
+    for f in files:
+        merged.update(torch.load(shards / f, weights_only=True))
+    assert merged["a.weight"].dtype == torch.bfloat16 and merged["index"].dtype == torch.int64
+    assert torch.equal(merged["a.bias"], full["a.bias"].to(torch.bfloat16))
+    with pytest.raises(CheckpointError, match="tied weights"):
+        z.convert_zero_checkpoint_to_fp32_state_dict(ckpt, tmp_path / "st", safe_serialization=True, tag="t")
+    with pytest.raises(CheckpointError, match="bf16"):
+        z.convert_zero_checkpoint_to_state_dict(ckpt, tmp_path / "x", dtype="int8", tag="t")
+    engine, *_ = deepspeed.initialize(model=_model(), config=_config(zero_optimization={"stage": 1}))
+    engine.save_checkpoint(str(tmp_path / "plain"))
+    z.convert_zero_checkpoint_to_fp32_state_dict(tmp_path / "plain", tmp_path / "st", safe_serialization=True)
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(tmp_path / "st" / "model.safetensors"))) == set(engine.module.state_dict())
