@@ -108,3 +108,49 @@ def test_zero_to_fp32_conversions_write_deepspeeds_files_with_tied_weights_kept_
     from safetensors.torch import load_file
 
     assert set(load_file(str(tmp_path / "st" / "model.safetensors"))) == set(engine.module.state_dict())
+
+
+def test_checkpoint_tag_validation_default_tag_and_save_dir_errors_as_deepspeed(tmp_path) -> None:
+    from misc_jobs import tag_rules  # tests/compat is on sys.path: pytest's prepend import mode
+
+    from dscore.testing import run_distributed
+
+    for seen in run_distributed(tag_rules, 2, str(tmp_path), timeout=240):
+        assert seen["Fail"] == ("AssertionError", True, True)
+        assert seen["Warn"] == seen["Ignore"] == ["latest", "tag-0"]  # rank 0's tag (DeepSpeed: one per tag)
+        assert seen["default"] == (["global_step1", "latest"], "global_step1")
+        assert seen["None"] == seen["''"] == ("ValueError", True)
+    ms = torch.load(tmp_path / "default" / "global_step1" / "mp_rank_00_model_states.pt", weights_only=True)
+    assert ms["optimizer"]["param_groups"][0]["params"] == [0, 1] and set(ms["optimizer"]["state"]) == {0, 1}
+
+
+def test_deepspeed_config_error_is_what_dscore_raises_for_a_bad_tag_validation() -> None:
+    import pytest
+    from deepspeed.runtime.config import DeepSpeedConfigError
+
+    from dscore.errors import ConfigError
+
+    assert deepspeed.DeepSpeedConfigError is DeepSpeedConfigError
+    with pytest.raises(deepspeed.DeepSpeedConfigError, match="tag_validation") as info:
+        deepspeed.initialize(model=_model(), config=_config(checkpoint={"tag_validation": "foo"}))
+    assert isinstance(info.value, ConfigError)
+
+
+def test_stage0_save_in_deepspeeds_layout_round_trips_the_optimizer(tmp_path) -> None:
+    x = torch.randn(2, 4, device="cpu")
+    engines = []
+    for _ in range(2):
+        engine, *_ = deepspeed.initialize(model=_model(), config=_config())
+        engines.append(engine)
+    first, second = engines
+    for _ in range(2):
+        first.backward(first(x).sum())
+        first.step()
+    first.save_checkpoint(str(tmp_path), client_state={"epoch": 3})
+    assert sorted(p.name for p in (tmp_path / "global_step2").iterdir()) == ["_COMPLETE", "mp_rank_00_model_states.pt"]
+    _, client = second.load_checkpoint(str(tmp_path))
+    assert client == {"epoch": 3} and second.global_steps == 2
+    for engine in engines:
+        engine.backward(engine(x).sum())
+        engine.step()
+    assert all(torch.equal(a, b) for a, b in zip(first.module.parameters(), second.module.parameters()))
