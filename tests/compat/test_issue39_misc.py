@@ -154,3 +154,40 @@ def test_stage0_save_in_deepspeeds_layout_round_trips_the_optimizer(tmp_path) ->
         engine.backward(engine(x).sum())
         engine.step()
     assert all(torch.equal(a, b) for a, b in zip(first.module.parameters(), second.module.parameters()))
+
+
+def test_zero_config_built_directly_takes_deepspeeds_deprecated_keys_and_warns() -> None:
+    import logging
+
+    import pydantic
+    import pytest
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import (
+        DeepSpeedZeroOffloadOptimizerConfig,
+        DeepSpeedZeroOffloadParamConfig,
+    )
+
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("dscore")
+    logger.addHandler(handler)
+    try:
+        cfg = DeepSpeedZeroConfig(cpu_offload_param=True, cpu_offload=True, cpu_offload_use_pin_memory=False)
+        assert isinstance(cfg.offload_param, DeepSpeedZeroOffloadParamConfig) and cfg.offload_param.device == "cpu"
+        assert isinstance(cfg.offload_optimizer, DeepSpeedZeroOffloadOptimizerConfig)
+        assert cfg.offload_optimizer.device == "cpu"
+        assert DeepSpeedZeroConfig(cpu_offload=False).offload_optimizer is None
+        assert sum("deprecated" in m and "cpu_offload" in m for m in records) == 4
+        records.clear()
+        DeepSpeedZeroConfig(stage=2, elastic_checkpoint=True)
+        assert not records
+        DeepSpeedZeroConfig(stage=3, elastic_checkpoint=True)
+        assert any("elastic checkpointing is deprecated" in m.lower() for m in records)
+    finally:
+        logger.removeHandler(handler)
+    with pytest.raises(pydantic.ValidationError, match="cannot be given together"):
+        DeepSpeedZeroConfig(cpu_offload=True, offload_optimizer={"device": "cpu"})
+    # the loader path still migrates once (no key is seen twice)
+    engine, *_ = deepspeed.initialize(model=_model(), config=_config(zero_optimization={"stage": 2, "cpu_offload": True}))
+    assert engine.config.zero_optimization.offload_optimizer.device == "cpu"
