@@ -191,3 +191,25 @@ def test_zero_config_built_directly_takes_deepspeeds_deprecated_keys_and_warns()
     # the loader path still migrates once (no key is seen twice)
     engine, *_ = deepspeed.initialize(model=_model(), config=_config(zero_optimization={"stage": 2, "cpu_offload": True}))
     assert engine.config.zero_optimization.offload_optimizer.device == "cpu"
+
+
+def test_isinstance_of_deepspeeds_zero_optimizer_classes_follows_the_engines_stage() -> None:
+    import pytest
+    from deepspeed._not_provided import NotProvidedError
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    seen = {}
+    for stage in (0, 1, 2, 3):
+        engine, optimizer, *_ = deepspeed.initialize(model=_model(), config=_config(zero_optimization={"stage": stage}))
+        assert optimizer is engine.optimizer
+        seen[stage] = (isinstance(engine.optimizer, DeepSpeedZeroOptimizer),
+                       isinstance(engine.optimizer, DeepSpeedZeroOptimizer_Stage3))
+    assert seen == {0: (False, False), 1: (True, False), 2: (True, False), 3: (False, True)}
+    assert not isinstance(torch.optim.SGD(_model().parameters(), lr=0.1), DeepSpeedZeroOptimizer_Stage3)
+    assert not isinstance(object(), DeepSpeedZeroOptimizer)
+    no_opt, *_ = deepspeed.initialize(model=_model(), config={"train_micro_batch_size_per_gpu": 2,
+                                                               "zero_optimization": {"stage": 3}})
+    assert not isinstance(no_opt.optimizer, DeepSpeedZeroOptimizer_Stage3)  # DeepSpeed: DeepSpeedZeRoOffload
+    with pytest.raises(NotProvidedError, match="zero_stage:stage3"):
+        DeepSpeedZeroOptimizer_Stage3(None)
