@@ -24,6 +24,8 @@ __all__ = [
     "HostfileError",
     "CheckpointError",
     "CheckpointNotFoundError",
+    "CheckpointArgumentError",
+    "CheckpointTagMismatchError",
     "OpBuildError",
     "FragmentAccessError",
     "PartitionedParameterError",
@@ -146,6 +148,16 @@ class CheckpointError(DscoreError):
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """The checkpoint directory, tag or shard file does not exist."""
+
+
+class CheckpointArgumentError(CheckpointError, ValueError):
+    """``save_checkpoint`` was given a ``save_dir`` or tag that cannot name a checkpoint (empty, None, a path
+    separator, ...). A ``ValueError`` too, as DeepSpeed raises for an empty ``save_dir``."""
+
+
+class CheckpointTagMismatchError(CheckpointError, AssertionError):
+    """The ranks passed different checkpoint tags under ``checkpoint.tag_validation: FAIL``. An
+    ``AssertionError`` too, as DeepSpeed asserts the tags match."""
 
 
 class OpBuildError(DscoreError, RuntimeError):

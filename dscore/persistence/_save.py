@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from dscore.comm.guard import ensure_all_arrived
-from dscore.errors import CheckpointError
+from dscore.errors import CheckpointArgumentError, CheckpointError
 from dscore.persistence import layouts
 from dscore.persistence import savedir as S
 from dscore.persistence._engine_view import EngineView, frozen_parameter_names
@@ -58,8 +58,9 @@ def save_checkpoint(
         True.
 
     Raises:
-        CheckpointError: (on every rank) an invalid ``save_dir`` or tag, tags that differ across ranks under
-            ``checkpoint.tag_validation: FAIL``, a ``client_state`` value that cannot be stored safely, an
+        CheckpointError: (on every rank) an invalid ``save_dir`` or tag (:class:`CheckpointArgumentError`, a
+            ``ValueError``), tags that differ across ranks under ``checkpoint.tag_validation: FAIL``
+            (:class:`CheckpointTagMismatchError`, an ``AssertionError``), a ``client_state`` value that cannot be stored safely, an
             unknown layout (close matches named) or a disabled one (``checkpoint_layout:<name>`` named with
             how to re-enable it), an engine the layout cannot store, or a failure writing on any rank
             (named). Nothing is visible under ``<save_dir>/<tag>`` or ``latest`` unless the whole save
@@ -75,7 +76,7 @@ def save_checkpoint(
     # Phase 1 - validate everything locally, then agree before anything is written.
     def check() -> dict[str, Any]:
         if save_dir is None or not os.fspath(save_dir):
-            raise CheckpointError(f"save_dir must be a non-empty path, got {save_dir!r}")
+            raise CheckpointArgumentError(f"save_dir must be a non-empty path, got {save_dir!r}")
         mode = view.tag_validation
         tag_text = S.validate_tag(f"global_step{int(engine.global_steps)}" if tag is None else tag)
         client = {} if client_state is None else client_state

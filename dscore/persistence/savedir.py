@@ -33,7 +33,12 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from dscore.errors import CheckpointError, CheckpointNotFoundError
+from dscore.errors import (
+    CheckpointArgumentError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointTagMismatchError,
+)
 
 if TYPE_CHECKING:
     from dscore.comm import Comm
@@ -233,7 +238,7 @@ def validate_tag(tag: object) -> str:
     """Return ``str(tag)`` if it can name a tag directory.
 
     Raises:
-        CheckpointError: empty, ``.``/``..``, a leading ``.`` (reserved for temporary directories), a path
+        CheckpointArgumentError: empty, ``.``/``..``, a leading ``.`` (reserved for temporary directories), a path
             separator or NUL, the name ``latest``, or longer than 255 bytes.
     """
     text = str(tag)
@@ -251,7 +256,7 @@ def validate_tag(tag: object) -> str:
     elif len(os.fsencode(text)) > 255:
         problem = "it is longer than 255 bytes"
     if problem:
-        raise CheckpointError(
+        raise CheckpointArgumentError(
             f"invalid checkpoint tag {text!r}: {problem}. A tag is one directory name such as 'global_step100'"
         )
     return text
@@ -432,11 +437,15 @@ def agree(comm: Comm, error: BaseException | None, what: str, payload: Any = Non
         every rank's ``payload`` in rank order when no rank failed.
 
     Raises:
-        CheckpointNotFoundError / CheckpointError: on every rank when any rank failed (other exception types
+        CheckpointNotFoundError / CheckpointArgumentError / CheckpointTagMismatchError / CheckpointError: on every rank when any rank failed (other exception types
             become CheckpointError); the message names ``what`` and the failing ranks with their errors.
     """
     return comm.agree(
-        error, what, payload, error_types=(CheckpointNotFoundError, CheckpointError), default_error=CheckpointError
+        error,
+        what,
+        payload,
+        error_types=(CheckpointNotFoundError, CheckpointArgumentError, CheckpointTagMismatchError, CheckpointError),
+        default_error=CheckpointError,
     )
 
 
@@ -447,7 +456,7 @@ def choose_tag(tags: list[str], mode: str, rank: int) -> str:
     stays silent, both using rank 0's tag (DeepSpeed would write one checkpoint per distinct tag).
 
     Raises:
-        CheckpointError: the tags differ and ``mode`` is ``FAIL`` (every rank raises it: ``tags`` is agreed).
+        CheckpointTagMismatchError: the tags differ and ``mode`` is ``FAIL`` (every rank raises it: ``tags`` is agreed).
     """
     tag = tags[0]
     if len(set(tags)) > 1 and mode != "IGNORE":
@@ -457,7 +466,7 @@ def choose_tag(tags: list[str], mode: str, rank: int) -> str:
             "tag=None for 'global_step<N>'"
         )
         if mode == "FAIL":
-            raise CheckpointError(message + " (checkpoint.tag_validation is FAIL)")
+            raise CheckpointTagMismatchError(message + " (checkpoint.tag_validation is FAIL)")
         if rank == 0:
             logger.warning("%s; saving under rank 0's tag %r (checkpoint.tag_validation is WARN)", message, tag)
     return tag

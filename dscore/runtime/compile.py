@@ -105,7 +105,7 @@ def _own_code(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
 
-    code = call.__code__.replace(co_name=name, co_qualname=name)
+    code = call.__code__.replace(co_name=name)
     return types.FunctionType(code, call.__globals__, name, call.__defaults__, call.__closure__)
 
 

@@ -267,6 +267,11 @@ class OptimizerStateMethod:
         self._name = name
         self.__doc__ = getattr(type(engine), name).__doc__
 
+    @property
+    def engine(self) -> Any:
+        """The engine that bound this method, or None once it is gone."""
+        return self._engine()
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         engine = self._engine()
         if engine is None:

@@ -9,6 +9,7 @@ import importlib.metadata
 import importlib.util
 import logging
 import math
+import os
 
 # compat/deepspeed is installed by `make setup` (never skipped: a missing layer is a failure)
 import deepspeed  # noqa: E402
@@ -202,10 +203,10 @@ def test_unsupported_arguments_are_refused_by_name() -> None:
         deepspeed.zero.Init(remote_device="nvme", enabled=False)
     with pytest.raises(ConfigError, match="mpu"):
         deepspeed.zero.Init(mpu=object(), enabled=False)
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from deepspeed.utils.zero_to_fp32 import convert_zero_checkpoint_to_state_dict
 
-    with pytest.raises(dscore.errors.CheckpointError, match="lazy_mode"):
-        get_fp32_state_dict_from_zero_checkpoint("/nonexistent", lazy_mode=True)
+    with pytest.raises(dscore.errors.CheckpointError, match="'int8'"):
+        convert_zero_checkpoint_to_state_dict("/nonexistent", "/nonexistent-out", dtype="int8")
 
 
 def test_zero_init_takes_its_dtype_from_the_config() -> None:
@@ -257,10 +258,16 @@ def test_save_in_deepspeed_layout_reads_back_and_refuses_what_it_cannot_write(tm
     for e in (engine, other):
         e.close()
     stage0, *_ = deepspeed.initialize(model=_model(), config=_config())
-    with pytest.raises(dscore.errors.CheckpointError, match="ZeRO stage 0"):
-        stage0.save_checkpoint(str(tmp_path / "z0"))
+    assert stage0.save_checkpoint(str(tmp_path / "z0"))  # DeepSpeed's stage-0 file: the torch optimizer state
+    assert sorted(os.listdir(tmp_path / "z0" / "global_step0")) == ["_COMPLETE", "mp_rank_00_model_states.pt"]
+    stage0.close()
+    frozen = _model()
+    next(frozen.parameters()).requires_grad_(False)
+    stage0, *_ = deepspeed.initialize(model=frozen, config=_config())
+    with pytest.raises(dscore.errors.CheckpointError, match="ZeRO stage 0 is not supported with frozen parameters"):
+        stage0.save_checkpoint(str(tmp_path / "z0f"))
     stage0.checkpoint_layout = "dscore"  # dscore's own format still works
-    assert stage0.save_checkpoint(str(tmp_path / "z0"))
+    assert stage0.save_checkpoint(str(tmp_path / "z0f"))
     stage0.close()
 
 

@@ -64,6 +64,7 @@ _LAZY: dict[str, str] = {
     "launcher": "deepspeed.launcher:",
     "get_accelerator": "deepspeed.accelerator:get_accelerator",
     "DeepSpeedConfig": "deepspeed.runtime.config:DeepSpeedConfig",
+    "DeepSpeedConfigError": "deepspeed.runtime.config:DeepSpeedConfigError",
     # DeepSpeed 0.19.8 re-exports these from subpackages dscore refuses (deepspeed._refused_tree)
     "DeepSpeedTransformerLayer": "deepspeed.ops.transformer:DeepSpeedTransformerLayer",
     "DeepSpeedTransformerConfig": "deepspeed.ops.transformer:DeepSpeedTransformerConfig",

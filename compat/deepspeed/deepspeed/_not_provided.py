@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 
 from dscore.errors import DscoreError
 
-__all__ = ["NotProvidedError", "not_provided", "refused_module_getattr"]
+__all__ = ["NotProvidedError", "not_provided", "refused_module_getattr", "zero_optimizer_class"]
 
 
 class NotProvidedError(DscoreError, NotImplementedError):
@@ -50,6 +50,41 @@ def not_provided(qualname: str, reason: str) -> Any:
     message = f"{qualname} (DeepSpeed 0.19.8) is not provided by dscore: {reason}"
     return _NotProvidedMeta(name, (), {"__module__": module, "__qualname__": name, "_ds_message": message,
                                        "__doc__": message})
+
+
+class _ZeroOptimizerMeta(_NotProvidedMeta):
+    _ds_zero_stages: tuple[int, ...]
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        # the optimizer a dscore engine returns carries the engine's bound state methods (weakly held): it
+        # is "DeepSpeed's ZeRO optimizer" of that stage when that live engine's stage steps it (not ZeRO-3's
+        # parameter manager, which engine.optimizer returns without an optimizer: DeepSpeed's ZeRoOffload)
+        from dscore.runtime.offload_states import OPTIMIZER_STATE_METHODS, OptimizerStateMethod
+
+        attrs = getattr(obj, "__dict__", None) or {}
+        for name in OPTIMIZER_STATE_METHODS:
+            method = attrs.get(name)
+            if isinstance(method, OptimizerStateMethod):
+                engine = method.engine
+                return (
+                    engine is not None
+                    and engine.optimizer is obj
+                    and getattr(engine.zero_stage_impl, "optimizer", None) is obj
+                    and engine.zero_optimization_stage() in cls._ds_zero_stages
+                )
+        return False
+
+
+def zero_optimizer_class(qualname: str, stages: tuple[int, ...], reason: str) -> Any:
+    """A :func:`not_provided` stand-in for one of DeepSpeed's ZeRO optimizer classes
+    (``DeepSpeedZeroOptimizer``: ``stages`` (1, 2); ``DeepSpeedZeroOptimizer_Stage3``: (3,)) that
+    ``isinstance`` answers: True for ``engine.optimizer`` of a live dscore engine at one of ``stages`` (the
+    torch optimizer dscore's stage steps), False for anything else. Constructing it or reading its
+    attributes raises :class:`NotProvidedError` with ``reason``."""
+    module, _, name = qualname.rpartition(".")
+    message = f"{qualname} (DeepSpeed 0.19.8) is not provided by dscore: {reason}"
+    return _ZeroOptimizerMeta(name, (), {"__module__": module, "__qualname__": name, "_ds_message": message,
+                                         "__doc__": message, "_ds_zero_stages": tuple(stages)})
 
 
 def refused_module_getattr(module_name: str, reason: str) -> Any:

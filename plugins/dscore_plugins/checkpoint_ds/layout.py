@@ -48,8 +48,10 @@ class DeepSpeedLayout:
         return ", ".join(repr(n) for n in names) or "no tags"
 
     def check_save(self, engine: Any, zero_stage: int) -> None:
-        """Refuse what DeepSpeed's files cannot hold (stage 0, fp16, no optimizer, MoE at stage 3), naming the
-        way out."""
+        """Refuse what DeepSpeed's files cannot hold (fp16, no optimizer, MoE at stage 0/3, bf16 or frozen
+        parameters at stage 0), naming the way out."""
+        import torch
+
         from dscore_plugins.checkpoint_ds.writer import check_supported
 
         config = getattr(engine, "config", None)
@@ -59,6 +61,8 @@ class DeepSpeedLayout:
             bool(getattr(config, "fp16_enabled", False)),
             getattr(zero, "optimizer", None) is not None,
             moe=bool(getattr(engine, "has_moe_layers", False)),
+            bf16=bool(getattr(config, "bf16_enabled", False)),
+            frozen=any(not p.requires_grad for p in getattr(engine, "module", torch.nn.Module()).parameters()),
         )
 
     def write(self, state: CheckpointSaveState, tmp_dir: str) -> dict[str, int]:

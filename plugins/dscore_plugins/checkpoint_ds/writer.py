@@ -32,8 +32,13 @@ shared experts stay in the model file. Groups are flattened in module order, as 
 
 Written without DeepSpeed classes: no loss-scaler object (the layout is written for fp32 and bf16 runs;
 fp16 is refused), ``param_slice_mappings`` entries are ``{"start", "numel"}`` dicts instead of DeepSpeed's
-``fragment_address`` objects (only DeepSpeed's universal-checkpoint conversion reads them). Stage 0 is
-refused (DeepSpeed pickles the optimizer object's state there).
+``fragment_address`` objects (only DeepSpeed's universal-checkpoint conversion reads them).
+
+ZeRO stage 0 (fp32), as DeepSpeed: rank 0 writes only ``mp_rank_00_model_states.pt`` whose ``optimizer`` is the
+torch optimizer's ``state_dict()`` (state and ``params`` by index; the index of a parameter is its position among
+the module's parameters, which is how the reader maps it back), ``param_shapes`` / ``shared_params`` /
+``frozen_param_*`` None. Refused at stage 0: bf16 (DeepSpeed writes its BF16_Optimizer's ZeRO files there) and
+frozen parameters (the index order cannot name them for the reader).
 """
 
 from __future__ import annotations
@@ -108,12 +113,15 @@ def _expert_of(layers: list[ExpertLayer], name: str) -> tuple[ExpertLayer, int, 
     return None
 
 
-def check_supported(stage: int, fp16: bool, has_optimizer: bool, *, moe: bool = False) -> None:
+def check_supported(
+    stage: int, fp16: bool, has_optimizer: bool, *, moe: bool = False, bf16: bool = False, frozen: bool = False
+) -> None:
     """Refuse what this writer does not produce.
 
     Raises:
-        CheckpointError: ZeRO stage 0, fp16 (DeepSpeed stores a loss-scaler object), no optimizer, or an
-            MoE model at ZeRO stage 3 (``moe``; DeepSpeed 0.19.8 has no ZeRO-3 layout for ``deepspeed.moe``).
+        CheckpointError: fp16 (DeepSpeed stores a loss-scaler object), no optimizer, an MoE model at ZeRO
+            stage 0 or 3 (``moe``; DeepSpeed 0.19.8 has no ZeRO-3 layout for ``deepspeed.moe``), or at ZeRO stage 0
+            bf16 or frozen parameters (``frozen``).
     """
     if moe and stage == 3:
         raise CheckpointError(
@@ -121,10 +129,13 @@ def check_supported(stage: int, fp16: bool, has_optimizer: bool, *, moe: bool = 
             "1 and 2 (DeepSpeed's per-expert layer_<l>_expert_<e>_mp_rank_00_model_states.pt files); at stage 3 use "
             "engine.checkpoint_layout = 'dscore' (loads at any ep_size and stage)"
         )
-    if stage == 0:
+    if stage == 0 and (bf16 or frozen or moe):
+        what = "bf16 (DeepSpeed writes BF16_Optimizer ZeRO files there)" if bf16 else (
+            "an MoE model" if moe else "frozen parameters (the optimizer's parameter indices cannot name them)"
+        )
         raise CheckpointError(
-            "saving in DeepSpeed's checkpoint layout is not supported at ZeRO stage 0 (DeepSpeed pickles the "
-            "optimizer there); use ZeRO stage 1-3, or engine.checkpoint_layout = 'dscore'"
+            f"saving in DeepSpeed's checkpoint layout at ZeRO stage 0 is not supported with {what}; use ZeRO "
+            "stage 1-3, or engine.checkpoint_layout = 'dscore'"
         )
     if fp16:
         raise CheckpointError(
@@ -160,6 +171,59 @@ def _shared_params(module: torch.nn.Module) -> dict[str, str]:
     return shared
 
 
+def _stage0_files(
+    module: torch.nn.Module,
+    module_sd: dict[str, torch.Tensor],
+    optim_sd: dict[str, Any],
+    rank: int,
+    world: int,
+    counters: dict[str, int],
+    lr_scheduler_state: Any,
+    ds_config: dict[str, Any],
+    client_state: dict[str, Any],
+) -> dict[str, dict[str, Any]]:
+    """ZeRO stage 0: rank 0's model-states file holding the torch-format optimizer state (see the module docs)."""
+    if rank != 0:
+        return {}
+    index = {n: i for i, (n, _) in enumerate(module.named_parameters())}  # tied parameters once, module order
+    groups: list[dict[str, Any]] = optim_sd.get("param_groups") or []
+    by_name: dict[str, dict[str, Any]] = optim_sd.get("state") or {}
+    owned = [n for g in groups for n in g.get("param_names") or []]
+    if sorted(owned, key=lambda n: index.get(n, -1)) != list(index) or len(set(owned)) != len(owned):
+        raise CheckpointError(
+            "the optimizer's parameters are not the module's parameters one for one "
+            f"({len(owned)} in the optimizer, {len(index)} in the module); DeepSpeed's stage-0 layout maps optimizer "
+            "indices to module parameters in order: use engine.checkpoint_layout = 'dscore'"
+        )
+    param_groups = [
+        {**{k: v for k, v in g.items() if k != "param_names"}, "params": [index[n] for n in g.get("param_names") or []]}
+        for g in groups
+    ]
+    state = {index[n]: dict(v) for n, v in by_name.items() if v}
+    model_state: dict[str, Any] = {
+        "module": OrderedDict((k, v.detach().cpu()) for k, v in module_sd.items()),
+        "buffer_names": [n for n, _ in module.named_buffers() if n in module_sd],
+        "optimizer": {"state": state, "param_groups": param_groups},
+        "param_shapes": None,
+        "frozen_param_shapes": None,
+        "shared_params": None,
+        "frozen_param_fragments": None,
+        "lr_scheduler": lr_scheduler_state,
+        "data_sampler": None,
+        "random_ltd": None,
+        "skipped_steps": int(counters.get("skipped_steps", 0)),
+        "global_steps": int(counters.get("global_steps", 0)),
+        "global_samples": int(counters.get("global_samples", 0)),
+        "dp_world_size": world,
+        "mp_world_size": 1,
+        "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1},
+        "ds_config": ds_config,
+        "ds_version": DEEPSPEED_VERSION,
+    }
+    model_state.update(client_state)  # DeepSpeed merges the client's keys into the same dict
+    return {model_file_name(0, 0): model_state}
+
+
 def deepspeed_files(
     *,
     module: torch.nn.Module,
@@ -181,7 +245,7 @@ def deepspeed_files(
         module_sd: the full module state dict (``ZeroStage.module_state_dict()``, collective).
         optim_sd: the full optimizer state (``ZeroStage.state_dict()``: ``param_groups`` with
             ``param_names``, ``state`` and ``fp32_params`` by name).
-        stage: ZeRO stage 1, 2 or 3; rank / world: this rank and the data-parallel world size.
+        stage: ZeRO stage 0, 1, 2 or 3; rank / world: this rank and the data-parallel world size.
         counters: ``global_steps``, ``global_samples``, ``skipped_steps``.
         lr_scheduler_state: the engine's scheduler state dict or None.
         ds_config: the config as given (stored for inspection, as DeepSpeed does).
@@ -198,6 +262,8 @@ def deepspeed_files(
         CheckpointError: a parameter of a group has no fp32 master in ``optim_sd``, or a group mixes expert
             and other parameters.
     """
+    if stage == 0:
+        return _stage0_files(module, module_sd, optim_sd, rank, world, counters, lr_scheduler_state, ds_config, client_state)
     layers = list(experts or [])
     fp32: dict[str, torch.Tensor] = optim_sd.get("fp32_params") or {}
     state: dict[str, dict[str, Any]] = optim_sd.get("state") or {}

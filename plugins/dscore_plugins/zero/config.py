@@ -14,6 +14,7 @@ int(0.9*h*h), 10*h) when the model is known.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, ClassVar, Literal
@@ -122,6 +123,19 @@ class LeafModuleConfig(SectionModel):
         for key in ("classes", "names", "name_suffixes"):
             object.__setattr__(self, key, list(dict.fromkeys(getattr(self, key))))
         return self
+
+
+# the deprecated keys migrate_legacy rewrites (also when the model is built directly)
+_LEGACY_KEYS = (
+    "cpu_offload",
+    "cpu_offload_param",
+    "cpu_offload_use_pin_memory",
+    "stage3_gather_fp16_weights_on_model_save",
+    "mics_shard_size",
+    "mics_hierarchical_params_gather",
+    "zeropp_loco_param",
+    "zenflow",
+)
 
 
 class ZeroConfig(SectionModel):
@@ -238,6 +252,25 @@ class ZeroConfig(SectionModel):
         default = type(self).model_fields[name].default
         assert isinstance(default, int), name
         return default
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_keys(cls, data: Any) -> Any:
+        # built directly (DeepSpeedZeroConfig(**section)) the loader's migrate_legacy has not run: DeepSpeed's
+        # model takes its deprecated keys itself, with a warning on DeepSpeed's logger (dscore's, under compat)
+        if isinstance(data, dict) and any(k in data for k in _LEGACY_KEYS):
+            return cls.migrate_legacy(data, root={}, warn=logging.getLogger("dscore").warning)
+        return data
+
+    @model_validator(mode="after")
+    def _elastic_checkpoint_at_stage3(self) -> ZeroConfig:
+        if self.stage == 3 and self.elastic_checkpoint:  # DeepSpeed 0.19.8 warns here, on every construction
+            logging.getLogger("dscore").warning(
+                "zero_optimization.elastic_checkpoint: ZeRO-3 elastic checkpointing is deprecated and no longer "
+                "supported by DeepSpeed; dscore's ZeRO checkpoints load at any data-parallel world size (or use "
+                "universal checkpointing)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _resolve(self) -> ZeroConfig:

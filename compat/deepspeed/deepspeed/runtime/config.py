@@ -18,12 +18,17 @@ from collections.abc import Callable
 from typing import Any
 
 from dscore.config import DscoreConfig, load_config
+from dscore.errors import ConfigError
+
+# DeepSpeed's config error is dscore's: every invalid ds_config value dscore finds raises ConfigError
+DeepSpeedConfigError = ConfigError
 
 __all__ = [
     "ADAGRAD_OPTIMIZER",
     "ADAMW_OPTIMIZER",
     "ADAM_OPTIMIZER",
     "DeepSpeedConfig",
+    "DeepSpeedConfigError",
     "LAMB_OPTIMIZER",
     "LION_OPTIMIZER",
     "MUADAMW_OPTIMIZER",

@@ -2,8 +2,9 @@
 :mod:`dscore.zero.estimate`) and ``unwrap_model_for_generation``.
 
 ``DeepSpeedZeroOptimizer_Stage3`` (DeepSpeed's optimizer class) is not provided: dscore's stage 3 is the
-``zero_stage:stage3`` plugin unit behind ``engine.zero_stage_impl``; using the name raises
-:class:`deepspeed._not_provided.NotProvidedError`.
+``zero_stage:stage3`` plugin unit behind ``engine.zero_stage_impl``; constructing it or reading its attributes
+raises :class:`deepspeed._not_provided.NotProvidedError`. ``isinstance(engine.optimizer,
+DeepSpeedZeroOptimizer_Stage3)`` is True at ZeRO stage 3, as client code checks it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from deepspeed._not_provided import not_provided
+from deepspeed._not_provided import zero_optimizer_class
 from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum, OffloadStateTypeEnum
 from dscore.zero.estimate import (
     estimate_zero3_model_states_mem_needs,
@@ -32,8 +33,9 @@ __all__ = [
     "unwrap_model_for_generation",
 ]
 
-DeepSpeedZeroOptimizer_Stage3 = not_provided(
+DeepSpeedZeroOptimizer_Stage3 = zero_optimizer_class(
     "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3",
+    (3,),
     "dscore's ZeRO stage 3 is the zero_stage:stage3 plugin unit (engine.zero_stage_impl); build it with "
     "deepspeed.initialize and a zero_optimization.stage 3 config",
 )
