@@ -183,7 +183,7 @@ class WeightSyncGroup:
                 f"WeightSyncGroup(device=...): members chose different data backends {mixed}; all members must use "
                 "'cpu' (gloo) or all CUDA devices (NCCL)"
             )
-        self.ctrl = dist.ProcessGroupGloo(dist.PrefixStore("wsync/ctrl", self.store), rank, world_size, delta)
+        self.ctrl: Any = dist.ProcessGroupGloo(dist.PrefixStore("wsync/ctrl", self.store), rank, world_size, delta)
         self.data: Any = self.ctrl
         if self.backend == "nccl":
             nccl = getattr(dist, "ProcessGroupNCCL", None)
@@ -378,7 +378,8 @@ class WeightSyncSender:
         index = 0
         try:
             for bucket in buckets:
-                entries, offset = [], 0
+                entries: list[dict[str, Any]] = []
+                offset = 0
                 for name, t in bucket:
                     nbytes = t.numel() * t.element_size()
                     entries.append({"name": name, "shape": list(t.shape), "dtype": str(t.dtype), "offset": offset,
@@ -388,8 +389,8 @@ class WeightSyncSender:
                 self._check_ack(g.ack(False, f"bucket {index}", step), f"bucket {index}", step)
                 flat = torch.empty(offset, dtype=torch.uint8, device=g.device)
                 for (_, t), e in zip(bucket, entries):
-                    flat[e["offset"] : e["offset"] + e["nbytes"]].copy_(t.detach().contiguous().reshape(-1)
-                                                                        .view(torch.uint8))
+                    start, nbytes = int(e["offset"]), int(e["nbytes"])
+                    flat[start : start + nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
                 g._bcast(g.data, flat, f"sending bucket {index}'s {offset} bytes", step)
                 stats["count"] += len(bucket)
                 stats["bytes"] += offset
