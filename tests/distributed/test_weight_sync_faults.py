@@ -149,7 +149,7 @@ def test_a_peer_killed_at_each_phase_fails_the_survivor_naming_it(dead: str) -> 
             if proc.is_alive():
                 proc.kill()
             proc.join(timeout=30)
-    for (phase, sig, timeout), victim, (rphase, kind, message, peer, elapsed) in zip(plan, victims, got):
+    for (phase, sig, _), victim, (rphase, kind, message, peer, elapsed) in zip(plan, victims, got):
         case = (dead, phase, signal.Signals(sig).name, message)
         assert rphase == phase and kind == "WeightSyncError", case
         assert f"pid {victim.pid}" in message and f"pid {victim.pid}" in peer, case  # names the dead peer
