@@ -10,9 +10,12 @@ one rank sends), :class:`WeightSyncReceiver` loads them in place into a module o
 
 * a control frame: int64 ``[MAGIC, kind, a, b]`` on the host, then ``b`` bytes of UTF-8 JSON (uint8);
 * ``HEADER`` (``a`` = step): ``{"step", "seq", "dtype"}``; ``BUCKET`` (``a`` = bucket index):
-  ``{"nbytes", "entries": [{"name", "shape", "dtype", "offset", "nbytes"}, ...]}`` followed, once every
-  receiver accepted the metadata, by ``nbytes`` raw bytes (uint8; each tensor's bytes at its ``offset``,
-  offsets 16-byte aligned) on the data device; ``END`` (``a`` = step): ``{"count", "buckets", "bytes"}``;
+  ``{"packed_nbytes", "nbytes", "entries": [{"name", "shape", "dtype", "nbytes", "direct", "offset"}, ...]}``
+  followed, once every receiver accepted the metadata, by the bucket's raw bytes (uint8) on the data device:
+  one buffer of ``packed_nbytes`` holding every small tensor at its ``offset`` (16-byte aligned), then each
+  ``direct`` tensor (256 KiB or more) as a message of its own, in entry order (a receiver whose target tensor
+  is contiguous on the data device receives it straight into the target: no copy on either side);
+  ``END`` (``a`` = step): ``{"count", "buckets", "bytes"}``;
   ``ABORT`` (``a`` = step): ``{"reason"}`` (the sender failed; receivers raise with the reason).
 * after ``HEADER``, each ``BUCKET``'s metadata and ``END`` every member takes part in an int64 all-reduce (SUM)
   of one slot per member: a receiver puts 1 in its slot to reject (an unknown name, a shape or dtype mismatch, or
@@ -57,6 +60,7 @@ MAGIC = 0x5753594E  # "WSYN"
 HEADER, BUCKET, END, ABORT = 1, 2, 3, 4
 _KIND_NAMES = {HEADER: "HEADER", BUCKET: "BUCKET", END: "END", ABORT: "ABORT"}
 _ALIGN = 16
+_DIRECT_MIN = 1 << 18  # tensors of 256 KiB or more travel alone, smaller ones packed into one buffer
 _POLL_S = 0.02
 _CPU = torch.device("cpu")
 
@@ -379,21 +383,29 @@ class WeightSyncSender:
         try:
             for bucket in buckets:
                 entries: list[dict[str, Any]] = []
-                offset = 0
+                packed = total = 0
                 for name, t in bucket:
                     nbytes = t.numel() * t.element_size()
-                    entries.append({"name": name, "shape": list(t.shape), "dtype": str(t.dtype), "offset": offset,
-                                    "nbytes": nbytes})
-                    offset = _aligned(offset + nbytes)
-                g.send_frame(BUCKET, index, {"nbytes": offset, "entries": entries}, step)
+                    direct = nbytes >= _DIRECT_MIN
+                    entries.append({"name": name, "shape": list(t.shape), "dtype": str(t.dtype), "nbytes": nbytes,
+                                    "direct": direct, "offset": -1 if direct else packed})
+                    packed = packed if direct else _aligned(packed + nbytes)
+                    total += nbytes
+                g.send_frame(BUCKET, index, {"packed_nbytes": packed, "nbytes": total, "entries": entries}, step)
                 self._check_ack(g.ack(False, f"bucket {index}", step), f"bucket {index}", step)
-                flat = torch.empty(offset, dtype=torch.uint8, device=g.device)
-                for (_, t), e in zip(bucket, entries):
-                    start, nbytes = int(e["offset"]), int(e["nbytes"])
-                    flat[start : start + nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-                g._bcast(g.data, flat, f"sending bucket {index}'s {offset} bytes", step)
+                if packed:
+                    flat = torch.empty(packed, dtype=torch.uint8, device=g.device)
+                    for (_, t), e in zip(bucket, entries):
+                        if not e["direct"]:
+                            start, nbytes = int(e["offset"]), int(e["nbytes"])
+                            flat[start : start + nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+                    g._bcast(g.data, flat, f"sending bucket {index}'s {packed} packed bytes", step)
+                for (name, t), e in zip(bucket, entries):
+                    if e["direct"]:  # a large tensor goes as it is: no packing copy here, none on the receiver
+                        raw = t.detach().to(g.device).contiguous().reshape(-1).view(torch.uint8)
+                        g._bcast(g.data, raw, f"sending bucket {index}'s tensor {name!r}", step)
                 stats["count"] += len(bucket)
-                stats["bytes"] += offset
+                stats["bytes"] += total
                 index += 1
         except WeightSyncError:
             raise
@@ -509,13 +521,23 @@ class WeightSyncReceiver:
                 return step
             entries = meta["entries"]
             self._ack(self._check_bucket(entries, targets, seen, step), f"bucket {a}", step)
-            flat = torch.empty(int(meta["nbytes"]), dtype=torch.uint8, device=g.device)
-            g._bcast(g.data, flat, f"receiving bucket {a}'s {flat.numel()} bytes", step)
+            packed = int(meta["packed_nbytes"])
+            flat = torch.empty(packed, dtype=torch.uint8, device=g.device)
+            if packed:
+                g._bcast(g.data, flat, f"receiving bucket {a}'s {packed} packed bytes", step)
             with torch.no_grad():
                 for e in entries:
-                    dst = targets[e["name"]]
-                    src = flat[e["offset"] : e["offset"] + e["nbytes"]].view(_DTYPES[e["dtype"]]).view(dst.shape)
-                    dst.copy_(src)
+                    dst = targets[e["name"]].detach()
+                    what = f"receiving bucket {a}'s tensor {e['name']!r}"
+                    if e["direct"] and dst.device == g.device and dst.is_contiguous():
+                        g._bcast(g.data, dst.reshape(-1).view(torch.uint8), what, step)  # straight into the target
+                    elif e["direct"]:
+                        buf = torch.empty(dst.shape, dtype=dst.dtype, device=g.device)
+                        g._bcast(g.data, buf.reshape(-1).view(torch.uint8), what, step)
+                        dst.copy_(buf)
+                    else:
+                        start, nbytes = int(e["offset"]), int(e["nbytes"])
+                        dst.copy_(flat[start : start + nbytes].view(_DTYPES[e["dtype"]]).view(dst.shape))
                     seen.add(e["name"])
             count += len(entries)
 
