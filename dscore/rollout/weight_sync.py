@@ -232,6 +232,22 @@ class WeightSyncGroup:
         except Exception as exc:
             raise self._failed(what, exc, step) from exc
 
+    def _bcast_start(self, pg: Any, tensor: torch.Tensor, what: str, step: int | None) -> tuple[Any, torch.Tensor, str]:
+        """Start a broadcast; :meth:`_bcast_finish` waits for it (the tensor is kept alive until then)."""
+        try:
+            return pg.broadcast([tensor], dist.BroadcastOptions()), tensor, what
+        except Exception as exc:
+            raise self._failed(what, exc, step) from exc
+
+    def _bcast_finish(self, pending: list[tuple[Any, torch.Tensor, str]], step: int | None) -> None:
+        while pending:
+            work, _, what = pending.pop(0)
+            try:
+                work.wait()
+            except Exception as exc:
+                pending.clear()
+                raise self._failed(what, exc, step) from exc
+
     def send_frame(self, kind: int, a: int, meta: dict[str, Any], step: int | None) -> None:
         """Sender: broadcast one control frame (``kind``, ``a``, JSON ``meta``)."""
         raw = json.dumps(meta).encode()
@@ -380,8 +396,11 @@ class WeightSyncSender:
         g.send_frame(HEADER, step, {"step": step, "seq": g.seq, "dtype": str(self.dtype)}, step)
         self._check_ack(g.ack(False, "the header", step), "the header", step)
         index = 0
+        # a bucket's direct tensors are still in flight while the export makes the next bucket (overlap)
+        pending: list[tuple[Any, torch.Tensor, str]] = []
         try:
             for bucket in buckets:
+                g._bcast_finish(pending, step)
                 entries: list[dict[str, Any]] = []
                 packed = total = 0
                 for name, t in bucket:
@@ -403,7 +422,7 @@ class WeightSyncSender:
                 for (name, t), e in zip(bucket, entries):
                     if e["direct"]:  # a large tensor goes as it is: no packing copy here, none on the receiver
                         raw = t.detach().to(g.device).contiguous().reshape(-1).view(torch.uint8)
-                        g._bcast(g.data, raw, f"sending bucket {index}'s tensor {name!r}", step)
+                        pending.append(g._bcast_start(g.data, raw, f"sending bucket {index}'s tensor {name!r}", step))
                 stats["count"] += len(bucket)
                 stats["bytes"] += total
                 index += 1
@@ -412,10 +431,12 @@ class WeightSyncSender:
         except Exception as exc:  # the export failed here: tell the receivers instead of leaving them waiting
             reason = f"{type(exc).__name__}: {exc}"
             try:
+                g._bcast_finish(pending, step)
                 g.send_frame(ABORT, step, {"reason": reason[:2000]}, step)
             except WeightSyncError:
                 pass  # the receivers are gone too; the export's own error is the one to raise
             raise WeightSyncError(f"weight sync of step {step} aborted on the sender: {reason}", step=step) from exc
+        g._bcast_finish(pending, step)
         stats["buckets"] = index
         g.send_frame(END, step, {"count": stats["count"], "buckets": index, "bytes": stats["bytes"]}, step)
         self._check_ack(g.ack(False, "the END frame", step), "the END frame", step)
