@@ -125,8 +125,9 @@ class WeightSyncGroup:
         port: the store's TCP port, int in 1..65535.
         world_size: members, int >= 2 (one sender + receivers).
         rank: this member's sync rank: 0 the sender, 1..world_size-1 a receiver.
-        timeout: bound (seconds or timedelta) on the rendezvous and on every transport operation; a peer alive
-            but silent for longer fails the operation. Default 300 s.
+        timeout: bound (seconds or timedelta) on every transport operation; a peer alive but silent for longer
+            fails the operation. Default 300 s.
+        rendezvous_timeout: bound on waiting for every member to join (processes still starting); None: ``timeout``.
         device: where bucket bytes travel: ``"cpu"`` (gloo) or a CUDA device (NCCL); every member of a group must
             choose the same kind.
 
@@ -137,7 +138,7 @@ class WeightSyncGroup:
 
     def __init__(
         self, host: str, port: int, world_size: int, rank: int, *, timeout: float | timedelta = 300.0,
-        device: str | torch.device = "cpu",
+        device: str | torch.device = "cpu", rendezvous_timeout: float | timedelta | None = None,
     ) -> None:
         if not isinstance(host, str) or not host:
             raise WeightSyncError(f"WeightSyncGroup(host={host!r}): the sender's address, a non-empty str")
@@ -149,6 +150,7 @@ class WeightSyncGroup:
             raise WeightSyncError(f"WeightSyncGroup(rank={rank!r}): int in 0..{world_size - 1} (0 is the sender)")
         seconds = _seconds(timeout, "WeightSyncGroup(timeout")
         assert seconds is not None
+        join_s = _seconds(rendezvous_timeout, "WeightSyncGroup(rendezvous_timeout", allow_none=True) or seconds
         try:
             dev = torch.device(device)
         except (RuntimeError, TypeError) as exc:
@@ -164,23 +166,18 @@ class WeightSyncGroup:
         self.seq = 0
         self._closed = False
         delta = timedelta(seconds=seconds)
-        try:
-            self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=delta, wait_for_workers=True)
-        except Exception as exc:  # torch raises RuntimeError / DistStoreError / DistNetworkError
-            raise WeightSyncError(
-                f"WeightSyncGroup: rendezvous at {host}:{port} ({world_size} members, rank {rank}) failed within "
-                f"{seconds:g}s: {exc}"
-            ) from exc
+        self.store = self._connect(join_s)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "backend": self.backend}
         self.store.set(f"wsync/member/{rank}", json.dumps(me))
         self.members: list[dict[str, Any]] = []
         try:
             for r in range(world_size):
-                self.store.wait([f"wsync/member/{r}"], delta)
+                self.store.wait([f"wsync/member/{r}"], timedelta(seconds=join_s))
                 self.members.append(json.loads(self.store.get(f"wsync/member/{r}").decode()))
         except Exception as exc:
-            raise WeightSyncError(f"WeightSyncGroup: not every member joined {host}:{port} within {seconds:g}s: {exc}",
+            raise WeightSyncError(f"WeightSyncGroup: not every member joined {host}:{port} within {join_s:g}s: {exc}",
                                   ) from exc
+        self.store.set_timeout(delta)
         mixed = sorted({m["backend"] for m in self.members})
         if len(mixed) > 1:
             raise WeightSyncError(
@@ -198,6 +195,24 @@ class WeightSyncGroup:
             torch.cuda.set_device(dev)
             self.data = nccl(dist.PrefixStore("wsync/nccl", self.store), rank, world_size, opts)
         _open_groups.add(self)
+
+    def _connect(self, join_s: float) -> Any:
+        """The store: sync rank 0 serves it; a receiver connects in short tries until ``join_s`` has passed (one
+        long try would back off for up to a minute inside torch when it starts before the server listens)."""
+        deadline = time.monotonic() + join_s
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return dist.TCPStore(self.host, self.port, self.world_size, self.rank == 0,
+                                     timeout=timedelta(seconds=join_s if self.rank == 0 else max(min(remaining, 2.0), 0.1)),
+                                     wait_for_workers=False)
+            except Exception as exc:  # torch raises RuntimeError / DistStoreError / DistNetworkError
+                if self.rank == 0 or time.monotonic() + 0.1 >= deadline:
+                    raise WeightSyncError(
+                        f"WeightSyncGroup: rendezvous at {self.host}:{self.port} ({self.world_size} members, rank "
+                        f"{self.rank}) failed within {join_s:g}s: {exc}"
+                    ) from exc
+            time.sleep(0.1)
 
     # ------------------------------------------------------------------ naming and failures
     def describe(self, rank: int) -> str:

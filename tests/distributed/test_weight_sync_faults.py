@@ -88,7 +88,8 @@ def _victim(role: str, phase: str, port: int, sig: int) -> None:
     torch.set_num_threads(1)
     engine = _engine() if role == "sender" else None
     _arm(role, phase, sig)
-    g = WeightSyncGroup("127.0.0.1", port, 2, 0 if role == "sender" else 1, timeout=VICTIM_TIMEOUT_S)
+    g = WeightSyncGroup("127.0.0.1", port, 2, 0 if role == "sender" else 1, timeout=VICTIM_TIMEOUT_S,
+                        rendezvous_timeout=120)
     if engine is not None:
         WeightSyncSender(engine, g, bucket_bytes=1).send(7)
     else:
@@ -103,7 +104,8 @@ def _survivor(role: str, scenarios: list[tuple[str, int, float]], results: Any) 
     torch.set_num_threads(1)
     engine = _engine() if role == "sender" else None
     for phase, port, timeout in scenarios:
-        g = WeightSyncGroup("127.0.0.1", port, 2, 0 if role == "sender" else 1, timeout=timeout)
+        g = WeightSyncGroup("127.0.0.1", port, 2, 0 if role == "sender" else 1, timeout=timeout,
+                            rendezvous_timeout=120)  # the victims start while earlier scenarios run
         start = time.monotonic()
         try:
             if engine is not None:
