@@ -118,7 +118,8 @@ class WeightSyncGroup:
     constructor returns once all members joined (within ``timeout``). It creates its groups directly
     (``ProcessGroupGloo``/``ProcessGroupNCCL`` objects), never through ``init_process_group``: the caller's default
     group, if any, is untouched. Call :meth:`close` when done (also a context manager; open groups are closed at
-    exit, before the interpreter finalizes).
+    exit, before the interpreter finalizes). After a transport failure (a peer died or timed out) the group refuses
+    further syncs: close it and rendezvous a new one; a sync a receiver rejected leaves it usable.
 
     Args:
         host: the sender's address (the store's host), str.
@@ -165,6 +166,7 @@ class WeightSyncGroup:
         self.backend = "gloo" if dev.type == "cpu" else "nccl"
         self.seq = 0
         self._closed = False
+        self._broken = ""
         delta = timedelta(seconds=seconds)
         self.store = self._connect(join_s)
         me = {"pid": os.getpid(), "host": socket.gethostname(), "backend": self.backend}
@@ -230,6 +232,7 @@ class WeightSyncGroup:
 
     def _failed(self, what: str, exc: BaseException, step: int | None) -> WeightSyncError:
         peer = self.describe(0) if self.rank != 0 else self.peers()
+        self._broken = f"{what} failed (peer {peer})"  # the frames are out of step now: no further sync
         return WeightSyncError(
             f"weight sync{'' if step is None else f' of step {step}'}: {what} failed; peer {peer} died or stopped "
             f"answering (bound {self.timeout_s:g}s): {type(exc).__name__}: {str(exc)[:300]}",
@@ -240,6 +243,9 @@ class WeightSyncGroup:
     def _check_open(self) -> None:
         if self._closed:
             raise WeightSyncError("WeightSyncGroup: the group is closed")
+        if self._broken:
+            raise WeightSyncError(f"WeightSyncGroup: an earlier sync's {self._broken}; close this group and "
+                                  "rendezvous a new one (on a fresh port)")
 
     def _bcast(self, pg: Any, tensor: torch.Tensor, what: str, step: int | None) -> None:
         try:

@@ -117,7 +117,16 @@ def _survivor(role: str, scenarios: list[tuple[str, int, float]], results: Any) 
             outcome = ("WeightSyncError", str(exc), exc.peer)
         except Exception as exc:  # reported, and the test fails on it
             outcome = (type(exc).__name__, str(exc), "")
-        results.put((phase, *outcome, time.monotonic() - start))
+        elapsed = time.monotonic() - start
+        try:  # the failed group refuses a further sync at once
+            if engine is not None:
+                WeightSyncSender(engine, g, bucket_bytes=1).send(8)
+            else:
+                WeightSyncReceiver(g).receive(_model())
+            refused = "returned"
+        except WeightSyncError as exc:
+            refused = str(exc)
+        results.put((phase, *outcome, elapsed, refused))
         g.close()
 
 
@@ -151,11 +160,12 @@ def test_a_peer_killed_at_each_phase_fails_the_survivor_naming_it(dead: str) -> 
             if proc.is_alive():
                 proc.kill()
             proc.join(timeout=30)
-    for (phase, sig, _), victim, (rphase, kind, message, peer, elapsed) in zip(plan, victims, got):
+    for (phase, sig, _), victim, (rphase, kind, message, peer, elapsed, refused) in zip(plan, victims, got):
         case = (dead, phase, signal.Signals(sig).name, message)
         assert rphase == phase and kind == "WeightSyncError", case
         assert f"pid {victim.pid}" in message and f"pid {victim.pid}" in peer, case  # names the dead peer
         assert ("receiver" if dead == "receiver" else "sender") in peer, case
+        assert "close this group and rendezvous a new one" in refused, (case, refused)
         if sig == signal.SIGKILL:
             assert victim.exitcode == -signal.SIGKILL, case  # the victim really died at the armed phase
             assert elapsed < 15.0, case  # detected from the closed connection, not by waiting out the 30 s timeout
