@@ -24,12 +24,17 @@ one rank sends), :class:`WeightSyncReceiver` loads them in place into a module o
 
 **Transport**: control frames and acknowledgements always go over gloo (host tensors). Bucket bytes go over the
 data backend chosen by the group's ``device``: ``cpu`` -> the same gloo group, ``cuda`` -> an NCCL group on the
-same store (device tensors; built, not tested on this repository's CPU-only CI).
+same store (device tensors; built, not tested on this repository's CPU-only CI: there, a peer dying while bucket
+bytes are in flight is caught by NCCL's own timeout and watchdog, set to the group's ``timeout``, not by a closed
+connection). A bucket's direct tensors stay in flight while the export builds the next bucket (the overlap
+``bucket_bytes`` sets the grain of).
 
 **Faults** (bounded, never a hang): a peer that dies closes its TCP connections, and the survivor's next gloo
 operation fails at once (measured: about 30 ms after SIGKILL); a peer that is alive but stops answering fails
 the survivor's operation after the group's ``timeout``. Every such failure is a :class:`WeightSyncError` naming
-the peer (role, sync rank, pid, host; on the same host, whether the pid is gone). A receiver waiting for the
+the peer (role, sync rank, pid, host; on the same host, whether the pid is gone; with several receivers the
+sender names them all, marking the gone ones). After such a failure the group refuses further syncs (make a new
+one); a rejected sync leaves it usable. A receiver waiting for the
 next sync polls the store the sender hosts (``receive(wait_timeout=None)`` waits without bound while the
 sender's process lives; the store's connection fails when it dies). The sender keeps draining the export after
 a transport failure so the other training ranks never wait in a ZeRO-3 gather, and then all training ranks

@@ -109,6 +109,7 @@ def _job(stage: int) -> dict[str, Any]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 3])
 def test_receiver_gets_the_trained_weights_bit_for_bit(stage: int) -> None:
     pytest.importorskip("transformers")

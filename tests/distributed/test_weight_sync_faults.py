@@ -130,6 +130,7 @@ def _survivor(role: str, scenarios: list[tuple[str, int, float]], results: Any) 
         g.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dead", ["receiver", "sender"])
 def test_a_peer_killed_at_each_phase_fails_the_survivor_naming_it(dead: str) -> None:
     from dscore.testing.distributed import _context
