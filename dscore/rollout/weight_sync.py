@@ -163,6 +163,9 @@ class WeightSyncGroup:
             raise WeightSyncError(f"WeightSyncGroup(device={device!r}): 'cpu' or a CUDA device ({exc})") from None
         if dev.type not in ("cpu", "cuda"):
             raise WeightSyncError(f"WeightSyncGroup(device={device!r}): 'cpu' (gloo) or a CUDA device (NCCL)")
+        if dev.type == "cuda" and (getattr(dist, "ProcessGroupNCCL", None) is None or not torch.cuda.is_available()):
+            raise WeightSyncError(f"WeightSyncGroup(device={device!r}): this torch build or machine has no NCCL/CUDA; "
+                                  "use device='cpu' (gloo)")
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
         self.host, self.port, self.world_size, self.rank = host, port, world_size, rank
@@ -174,7 +177,7 @@ class WeightSyncGroup:
         self._broken = ""
         delta = timedelta(seconds=seconds)
         self.store = self._connect(join_s)
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "backend": self.backend}
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "backend": self.backend, "world_size": world_size}
         self.store.set(f"wsync/member/{rank}", json.dumps(me))
         self.members: list[dict[str, Any]] = []
         try:
@@ -185,6 +188,9 @@ class WeightSyncGroup:
             raise WeightSyncError(f"WeightSyncGroup: not every member joined {host}:{port} within {join_s:g}s: {exc}",
                                   ) from exc
         self.store.set_timeout(delta)
+        sizes = sorted({m["world_size"] for m in self.members})
+        if len(sizes) > 1:
+            raise WeightSyncError(f"WeightSyncGroup(world_size={world_size}): the members disagree ({sizes})")
         mixed = sorted({m["backend"] for m in self.members})
         if len(mixed) > 1:
             raise WeightSyncError(
@@ -194,9 +200,7 @@ class WeightSyncGroup:
         self.ctrl: Any = dist.ProcessGroupGloo(dist.PrefixStore("wsync/ctrl", self.store), rank, world_size, delta)
         self.data: Any = self.ctrl
         if self.backend == "nccl":
-            nccl = getattr(dist, "ProcessGroupNCCL", None)
-            if nccl is None or not torch.cuda.is_available():
-                raise WeightSyncError(f"WeightSyncGroup(device={device!r}): this torch build has no NCCL/CUDA")
+            nccl = dist.ProcessGroupNCCL  # type: ignore[attr-defined]
             opts = nccl.Options()
             opts._timeout = delta
             torch.cuda.set_device(dev)

@@ -30,6 +30,8 @@ from dscore.rollout.weight_sync import _pid_gone
         ({"rendezvous_timeout": -1.0}, "rendezvous_timeout=-1.0"),
         ({"device": "meta"}, "device='meta'"),
         ({"device": "nonsense"}, "device='nonsense'"),
+        pytest.param({"device": "cuda"}, "device='cuda'.*no NCCL/CUDA", marks=pytest.mark.skipif(
+            torch.cuda.is_available(), reason="this machine has CUDA")),
     ],
 )
 def test_group_arguments_are_checked(kwargs: dict, named: str) -> None:
