@@ -197,33 +197,49 @@ class WeightSyncGroup:
                 f"WeightSyncGroup(device=...): members chose different data backends {mixed}; all members must use "
                 "'cpu' (gloo) or all CUDA devices (NCCL)"
             )
-        self.ctrl: Any = dist.ProcessGroupGloo(dist.PrefixStore("wsync/ctrl", self.store), rank, world_size, delta)
-        self.data: Any = self.ctrl
-        if self.backend == "nccl":
-            nccl = dist.ProcessGroupNCCL  # type: ignore[attr-defined]
-            opts = nccl.Options()
-            opts._timeout = delta
-            torch.cuda.set_device(dev)
-            self.data = nccl(dist.PrefixStore("wsync/nccl", self.store), rank, world_size, opts)
+        try:
+            self.ctrl: Any = dist.ProcessGroupGloo(dist.PrefixStore("wsync/ctrl", self.store), rank, world_size, delta)
+            self.data: Any = self.ctrl
+            if self.backend == "nccl":
+                nccl = dist.ProcessGroupNCCL  # type: ignore[attr-defined]
+                opts = nccl.Options()
+                opts._timeout = delta
+                torch.cuda.set_device(dev)
+                self.data = nccl(dist.PrefixStore("wsync/nccl", self.store), rank, world_size, opts)
+            # every member returns only once all formed the groups: a sync never starts half-connected
+            self.ctrl.allreduce([torch.zeros(1, dtype=torch.int64, device=_CPU)]).wait()
+        except Exception as exc:
+            raise self._failed("forming the process group", exc, None) from exc
         _open_groups.add(self)
 
     def _connect(self, join_s: float) -> Any:
-        """The store: sync rank 0 serves it; a receiver connects in short tries until ``join_s`` has passed (one
-        long try would back off for up to a minute inside torch when it starts before the server listens)."""
+        """The store: sync rank 0 serves it; a receiver first waits (plain TCP probes every 0.1 s, until ``join_s``)
+        for the server to listen, since torch's client, started before its server, backs off for up to a minute
+        between tries and logs a warning at each."""
         deadline = time.monotonic() + join_s
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                return dist.TCPStore(self.host, self.port, self.world_size, self.rank == 0,
-                                     timeout=timedelta(seconds=join_s if self.rank == 0 else max(min(remaining, 2.0), 0.1)),
-                                     wait_for_workers=False)
-            except Exception as exc:  # torch raises RuntimeError / DistStoreError / DistNetworkError
-                if self.rank == 0 or time.monotonic() + 0.1 >= deadline:
-                    raise WeightSyncError(
-                        f"WeightSyncGroup: rendezvous at {self.host}:{self.port} ({self.world_size} members, rank "
-                        f"{self.rank}) failed within {join_s:g}s: {exc}"
-                    ) from exc
-            time.sleep(0.1)
+
+        def failed(exc: BaseException) -> WeightSyncError:
+            return WeightSyncError(
+                f"WeightSyncGroup: rendezvous at {self.host}:{self.port} ({self.world_size} members, rank {self.rank}) "
+                f"failed within {join_s:g}s: {exc}"
+            )
+
+        if self.rank != 0:
+            while True:
+                try:
+                    socket.create_connection((self.host, self.port), timeout=1.0).close()
+                    break
+                except OSError as exc:
+                    if time.monotonic() + 0.1 >= deadline:
+                        raise failed(exc) from exc
+                time.sleep(0.1)
+        remaining = max(deadline - time.monotonic(), 1.0)
+        try:
+            return dist.TCPStore(self.host, self.port, self.world_size, self.rank == 0,
+                                 timeout=timedelta(seconds=join_s if self.rank == 0 else remaining),
+                                 wait_for_workers=False)
+        except Exception as exc:  # torch raises RuntimeError / DistStoreError / DistNetworkError
+            raise failed(exc) from exc
 
     # ------------------------------------------------------------------ naming and failures
     def describe(self, rank: int) -> str:

@@ -3,7 +3,8 @@ a tiny Llama) and one receiver process outside the training world. After trainin
 equals the trainers' full weights bit for bit, over two consecutive syncs (steps checked); a receiver that cannot
 load a parameter (dtype mismatch, unknown name, a name missing from a ``trainable_only`` sync) rejects the sync
 naming it, every training rank raises, and the next sync goes through (``allow_missing`` takes the trainable-only
-one). One spawn per stage."""
+one). Stage 0 packs every tensor into one buffer per bucket, stage 3 sends the matrices as direct tensors (a
+lowered threshold), one of them into a non-contiguous target. One spawn per stage."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ def _receiver() -> dict[str, Any]:
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()  # only the syncs can make it equal the trainers
+        emb = model.model.embed_tokens.weight
+        emb.data = emb.data.t().contiguous().t()  # a non-contiguous target: a direct tensor lands through a buffer
+        assert not emb.is_contiguous()
     out: dict[str, Any] = {"steps": [], "states": [], "rejects": []}
     for _ in range(2):
         out["steps"].append(rx.receive(model))
@@ -66,6 +70,10 @@ def _receiver() -> dict[str, Any]:
 def _job(stage: int) -> dict[str, Any]:
     import torch.distributed as dist
 
+    from dscore.rollout import weight_sync
+
+    if stage == 3:  # the tiny model's matrices (4-8 KiB) travel as direct tensors, the norms packed
+        weight_sync._DIRECT_MIN = 1024
     rank = int(os.environ["RANK"])
     if rank == 2:
         return _receiver()
