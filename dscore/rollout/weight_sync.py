@@ -207,7 +207,8 @@ class WeightSyncGroup:
                 torch.cuda.set_device(dev)
                 self.data = nccl(dist.PrefixStore("wsync/nccl", self.store), rank, world_size, opts)
             # every member returns only once all formed the groups: a sync never starts half-connected
-            self.ctrl.allreduce([torch.zeros(1, dtype=torch.int64, device=_CPU)]).wait()
+            ctrl: Any = self.ctrl
+            ctrl.allreduce([torch.zeros(1, dtype=torch.int64, device=_CPU)]).wait()
         except Exception as exc:
             raise self._failed("forming the process group", exc, None) from exc
         _open_groups.add(self)
