@@ -30,6 +30,7 @@ __all__ = [
     "FragmentAccessError",
     "PartitionedParameterError",
     "RolloutError",
+    "WeightSyncError",
     "did_you_mean",
 ]
 
@@ -184,3 +185,15 @@ class PartitionedParameterError(DscoreError, RuntimeError):
 class RolloutError(DscoreError, ValueError):
     """A rollout request, sampling setting or rollout batch is invalid (:mod:`dscore.rollout`); the message names
     the argument. A ``ValueError`` too, as DeepSpeed raises for the same inputs."""
+
+
+class WeightSyncError(DscoreError, RuntimeError):
+    """A weight sync to a generation process failed (:mod:`dscore.rollout.weight_sync`): a bad argument (named),
+    a parameter the receiver cannot load (``name`` is it), or a peer that died, aborted or stopped answering
+    (``peer`` names it: role, sync rank, pid and host). ``step`` is the sync's training step when known."""
+
+    def __init__(self, message: str, *, peer: str = "", name: str = "", step: int | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+        self.name = name
+        self.step = step

@@ -4,7 +4,9 @@
   :class:`SamplingConfig`, :class:`RolloutConfig`, the :class:`RolloutEngine` contract (:mod:`.base`);
 * :class:`HybridEngineRollout`: generation with the training engine's own weights (:mod:`.hybrid_engine_rollout`);
 * :class:`ResponseTokenBatch` and :func:`generalized_jsd_loss` for on-policy distillation (:mod:`.opsd`);
-* :func:`build_rollout`: the engine named by ``RolloutConfig.engine``.
+* :func:`build_rollout`: the engine named by ``RolloutConfig.engine``;
+* :class:`WeightSyncGroup`, :class:`WeightSyncSender`, :class:`WeightSyncReceiver`: dscore's own weight sync from
+  the training ranks to separate generation processes (:mod:`.weight_sync`; not a DeepSpeed name).
 
 ``deepspeed.runtime.rollout`` of the compatibility distribution is these names. Importing this package imports
 torch.
@@ -18,6 +20,7 @@ from dscore.errors import RolloutError
 from dscore.rollout.base import RolloutBatch, RolloutConfig, RolloutEngine, RolloutRequest, SamplingConfig
 from dscore.rollout.hybrid_engine_rollout import HybridEngineRollout, HybridEngineRolloutConfig
 from dscore.rollout.opsd import JSDLossOutput, ResponseTokenBatch, generalized_jsd_loss
+from dscore.rollout.weight_sync import WeightSyncGroup, WeightSyncReceiver, WeightSyncSender
 
 __all__ = [
     "HybridEngineRollout",
@@ -29,6 +32,9 @@ __all__ = [
     "RolloutRequest",
     "ResponseTokenBatch",
     "SamplingConfig",
+    "WeightSyncGroup",
+    "WeightSyncReceiver",
+    "WeightSyncSender",
     "build_rollout",
     "generalized_jsd_loss",
 ]
