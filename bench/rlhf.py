@@ -187,8 +187,12 @@ def deepspeed_worker(a: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"version": deepspeed.__version__}
     try:
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
-    except Exception as exc:  # recorded as the row
-        res["error"] = f"deepspeed.initialize: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # recorded as the row, with where DeepSpeed raised it
+        import traceback
+
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}"
+                            for f in reversed(traceback.extract_tb(exc.__traceback__)[-4:]))
+        res["error"] = f"deepspeed.initialize: {type(exc).__name__}: {exc} (at {where})"
         return res
     res["engine_class"] = type(engine).__name__
     ids = _prompts(a["batch"], a["prompt"], a["vocab"], 100 + dist.get_rank(), engine.device)

@@ -57,11 +57,11 @@ def test_hybrid_engine_refusals_cache_release_and_generation_mode() -> None:
     assert r0["units"] > 0 and r0["reentrant_gathers"] == r0["units"]  # the nested context gathered nothing
 
 
-def test_thirty_generate_train_cycles_track_the_single_process_model() -> None:
-    """Generation alternating with training for many cycles (the RLHF loop; bench/rlhf.py --parts soak runs 1,000):
-    every call's tokens are those of a single-process model holding the engine's current weights (so generation
-    sees every update), the losses track a single-process reference, one gather per unit per call, all released
-    after it; RSS growth checked loosely (the 1,000-cycle soak measures it)."""
+def test_thirty_generate_train_cycles_see_every_update_and_leave_training_unchanged() -> None:
+    """Generation alternating with training (the RLHF loop; bench/rlhf.py --parts soak runs 1,000 cycles): every
+    call's tokens are those of a single-process model holding the engine's current weights (generation sees every
+    update), the losses bit for bit those of a twin engine that never generates, one gather per unit per call, all
+    released after it; RSS growth checked loosely (the soak measures it)."""
     cases = [Z3, {**Z3, "offload_param": {"device": "cpu"}}]
     cycles = 30
     results = run_distributed(hybrid_runs.hybrid_cycles, 2, cases, cycles, timeout=300)
@@ -71,8 +71,7 @@ def test_thirty_generate_train_cycles_track_the_single_process_model() -> None:
             assert r["same"] == [True] * cycles, where
             assert r["units"] > 0 and r["gathers"] == [r["units"]] * cycles, where
             assert r["released"] == [True] * cycles, where
-            # rounding (data-parallel reduction order) compounds over 30 Adam steps at lr 1e-2: tight for the
-            # first steps, looser later (a step not applied, or applied twice, is off by far more)
-            for i, (got, want) in enumerate(r["losses"]):
-                assert got == pytest.approx(want, rel=1e-4 if i < 3 else 1e-2), (where, i)
+            # generating between steps leaves training bit for bit as it is without (a twin engine that never
+            # generates; a single-process reference drifts by rounding over 30 Adam steps at lr 1e-2)
+            assert [a for a, _ in r["losses"]] == [b for _, b in r["losses"]], where
             assert r["rss_last"] - r["rss_first"] < 64, where  # MiB; loose: allocator noise, not a leak bound
