@@ -134,6 +134,16 @@ def gen_worker(a: dict[str, Any]) -> dict[str, Any]:
                 rates[k].append(a["batch"] * a["new_tokens"] / dt)
         res["gen"] = {k: statistics.median(v) for k, v in rates.items()}
         res["gen_all"] = rates
+        # one new token: the prefill plus, for the engine, the once-per-call gather and release
+        kw1 = _gen_kwargs(1)
+        one = {"engine": lambda: engine.generate(ids, attention_mask=mask, **kw1),
+               "plain": lambda: ref.generate(ids.cpu(), attention_mask=mask.cpu(), **kw1)}
+        secs: dict[str, list[float]] = {k: [] for k in one}
+        for r in range(a["rounds"]):
+            for k in order if r % 2 == 0 else order[::-1]:
+                with torch.no_grad():
+                    secs[k].append(_timed(one[k])[0])
+        res["one_token_s"] = {k: statistics.median(v) for k, v in secs.items()}
     if "export" in a["parts"]:
         bucket = a["bucket_mib"] << 20
         full = [t.detach() for t in ref.state_dict().values()]
@@ -310,8 +320,13 @@ def main(argv: list[str] | None = None) -> int:
                 e, pl = r["gen"]["engine"], r["gen"]["plain"]
                 ok = r["same_tokens"] and r["new_tokens"] == a.new_tokens
                 failed += 0 if ok else 1
-                emit(f"  rank {rank}: engine.generate {e:8.1f}  plain HF generate {pl:8.1f}  ratio {e / pl:.3f}  "
+                paired = statistics.median(x / y for x, y in zip(r["gen_all"]["engine"], r["gen_all"]["plain"]))
+                emit(f"  rank {rank}: engine.generate {e:8.1f}  plain HF generate {pl:8.1f}  ratio {e / pl:.3f} "
+                     f"(median of per-round ratios {paired:.3f})  "
                      f"same tokens {r['same_tokens']}  new tokens {r['new_tokens']}")
+                o = r["one_token_s"]
+                emit(f"    1 new token: engine {1e3 * o['engine']:.1f} ms, plain {1e3 * o['plain']:.1f} ms per call "
+                     f"(difference: the gather and release, paid once per generate call)")
                 emit("    per round engine " + " ".join(f"{x:.1f}" for x in r["gen_all"]["engine"])
                      + " | plain " + " ".join(f"{x:.1f}" for x in r["gen_all"]["plain"]))
         if "export" in parts:
