@@ -342,8 +342,14 @@ def main(argv: list[str] | None = None) -> int:
         import importlib.util
 
         spec = importlib.util.find_spec("deepspeed")
-        if spec is None or "compat" in str(spec.origin):
-            emit(f"deepspeed: skipped: DeepSpeed 0.19.8 not importable by {sys.executable} (use the bench venv)")
+        ds_version = ""
+        if spec is not None:
+            import deepspeed
+
+            ds_version = str(deepspeed.__version__)
+        if spec is None or "+dscore" in ds_version:  # none, or compat/deepspeed: dscore under DeepSpeed's name
+            emit(f"deepspeed: skipped: DeepSpeed 0.19.8 not importable by {sys.executable} "
+                 f"({ds_version or 'no deepspeed'}; use the bench venv, bench/README.md)")
         else:
             try:
                 res = run_distributed(deepspeed_worker, 2, opts, env=env, timeout=3000)

@@ -18,6 +18,7 @@ if [ "$quick" = 1 ]; then
   run bench/gpt_throughput.py --steps 6 --rounds 1
   run bench/soak.py --runs 8
   run bench/tp_sp_memory.py --hidden 128 --layers 2 --seq 256
+  run bench/rlhf.py --rounds 2 --new-tokens 16 --cycles 100 --rss-every 10
 else
   run bench/engine_overhead.py
   run bench/dp_throughput.py
@@ -30,4 +31,5 @@ else
   run bench/gpt_throughput.py
   run bench/soak.py --runs 200
   run bench/tp_sp_memory.py
+  run bench/rlhf.py
 fi
