@@ -19,6 +19,7 @@ if [ "$quick" = 1 ]; then
   run bench/soak.py --runs 8
   run bench/tp_sp_memory.py --hidden 128 --layers 2 --seq 256
   run bench/weight_sync.py --layers 8 --rounds 3
+  run bench/rlhf.py --rounds 2 --new-tokens 16 --cycles 100 --rss-every 10
 else
   run bench/engine_overhead.py
   run bench/dp_throughput.py
@@ -32,4 +33,5 @@ else
   run bench/soak.py --runs 200
   run bench/tp_sp_memory.py
   run bench/weight_sync.py
+  run bench/rlhf.py
 fi

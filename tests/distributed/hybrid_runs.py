@@ -245,3 +245,61 @@ def rollout_generate(zero: dict[str, Any]) -> dict[str, Any]:
     rollout.shutdown()
     engine.close()
     return res
+
+
+def hybrid_cycles(cases: list[dict[str, Any]], cycles: int) -> list[dict[str, Any]]:
+    """Per ZeRO-3 block: ``cycles`` x (greedy engine.generate vs a single-process model holding the engine's current
+    full weights, then one training step of the engine and of a twin engine that never generates); per cycle
+    whether the tokens matched, the gathers of the call, whether every unit was released after it, both losses;
+    the rank's RSS (MiB) after the first and the last cycle."""
+    import os
+
+    import torch
+
+    import dscore
+
+    def rss() -> float:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def step(e: Any, ids: Any) -> float:
+        e.train()
+        loss = e(input_ids=ids.to(e.device), labels=ids.to(e.device)).loss
+        e.backward(loss)
+        e.step()
+        return float(loss.detach())
+
+    out = []
+    for zero in cases:
+        model = tiny_model("llama")
+        probe = copy.deepcopy(model).eval()
+        engine, *_ = dscore.initialize(model=model, config=config(zero))
+        twin, *_ = dscore.initialize(model=tiny_model("llama"), config=config(zero))
+        units = [s for s in engine.zero_stage_impl.units if not s.unit.persistent]
+        ids, mask = prompts(0)
+        g = torch.Generator().manual_seed(3)
+        res: dict[str, Any] = {"units": len(units), "same": [], "gathers": [], "released": [], "losses": []}
+        for cycle in range(cycles):
+            engine.eval()
+            counter = GatherCounter()
+            try:
+                got = engine.generate(ids.to(engine.device), attention_mask=mask.to(engine.device), max_new_tokens=4,
+                                      do_sample=False, eos_token_id=None, pad_token_id=PAD)
+            finally:
+                counter.restore()
+            # the engine's current full weights in a single-process copy: the same numbers, so the same tokens
+            probe.load_state_dict({n: t.cpu() for b in engine.iter_full_params(bucket_bytes=1 << 20) for n, t in b})
+            want = probe.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False, eos_token_id=None,
+                                  pad_token_id=PAD)
+            res["same"].append(got.cpu().tolist() == want.tolist())
+            res["gathers"].append(counter.count)
+            res["released"].append(all(not s.unit.gathered for s in units))
+            batch = torch.randint(6, VOCAB, (MICRO, 10), generator=g)  # the same on every rank and for both
+            res["losses"].append((step(engine, batch), step(twin, batch)))
+            if cycle == 0:
+                res["rss_first"] = rss()
+        res["rss_last"] = rss()
+        out.append(res)
+        twin.close()
+        engine.close()
+    return out
