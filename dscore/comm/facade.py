@@ -487,6 +487,10 @@ class Comm:
             return list(range(self.get_world_size(grp)))
         return [int(r) for r in dist.get_process_group_ranks(grp)]
 
+    def group_ranks(self, group: Any = None) -> list[int]:
+        """The global ranks of ``group`` (None: the bound group) in group-rank order."""
+        return self._members(self._group(group))
+
     def _require_member(self, grp: Any, rank: int, call: str, arg: str) -> int:
         members = self._members(grp)
         if int(rank) not in members:
