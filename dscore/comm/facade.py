@@ -552,6 +552,14 @@ class Comm:
                 f"{call}: an even split needs equal shapes; got input {tuple(tensor.shape)} and output "
                 f"{tuple(output.shape)} (pass output_split_sizes / input_split_sizes for an uneven one)"
             )
+        me = self.get_rank(grp)
+        mine_in = in_split[me] if in_split is not None else tensor.shape[0] // world
+        mine_out = out_split[me] if out_split is not None else output.shape[0] // world
+        if mine_in != mine_out:
+            raise DistributedError(
+                f"{call}: this rank's own chunk has {mine_in} rows in input_split_sizes but {mine_out} in "
+                f"output_split_sizes (rank {me} sends itself what it receives from itself)"
+            )
         _require_contiguous(output, f"{call} output")
         if world == 1:
             if tensor.shape[0] != output.shape[0]:
