@@ -8,7 +8,6 @@ Bad inputs raise dscore's errors (:class:`dscore.errors.DistributedError`) namin
 from __future__ import annotations
 
 from collections.abc import Sequence
-from enum import Enum
 from typing import Any
 
 from dscore.comm import api as _api
@@ -28,20 +27,7 @@ from dscore.comm import (
 )
 from dscore.errors import DistributedError
 
-
-class ReduceOp(Enum):
-    """DeepSpeed's reduce operations (its own Enum, values as DeepSpeed's); ``UNUSED`` is refused."""
-
-    SUM = 0
-    PRODUCT = 1
-    MIN = 2
-    MAX = 3
-    BAND = 4
-    BOR = 5
-    BXOR = 6
-    AVG = 7
-    UNUSED = 8
-
+from .reduce_op import ReduceOp
 
 __all__ = [
     "P2POp",
