@@ -20,29 +20,50 @@ from typing import TYPE_CHECKING, Any
 from dscore.comm.env import DistributedEnv, discover_env
 
 __all__ = [
-    "EMULABLE_OPS",
     "Comm",
     "DistributedEnv",
+    "EMULABLE_OPS",
     "RankFailure",
     "Work",
     "active_comm",
     "all_gather",
+    "all_gather_coalesced",
     "all_gather_into_tensor",
+    "all_gather_object",
     "all_reduce",
+    "all_reduce_coalesced",
+    "all_to_all",
+    "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
+    "broadcast_object",
     "configure",
     "discover_env",
+    "gather",
+    "get_all_ranks_from_group",
+    "get_backend",
+    "get_comm_operation_count",
     "get_local_rank",
+    "get_logged_comm_ops",
     "get_rank",
     "get_world_size",
+    "has_comm_data",
     "init_distributed",
+    "irecv",
     "is_initialized",
+    "isend",
     "log_summary",
+    "monitored_barrier",
     "new_group",
+    "recv",
+    "reduce",
     "reduce_op",
     "reduce_scatter",
     "reduce_scatter_tensor",
+    "reset_log",
+    "scatter",
+    "send",
 ]
 
 # name -> module holding it; these import torch, so they load on first access
@@ -55,12 +76,14 @@ _LAZY: dict[str, str] = {
     "init_distributed": "dscore.comm.init",
     "configure": "dscore.comm.comms_logger",
     "log_summary": "dscore.comm.comms_logger",
+    **{name: "dscore.comm.comms_logger" for name in ("get_comm_operation_count", "get_logged_comm_ops", "has_comm_data",
+                                                      "reset_log")},
     **{
         name: "dscore.comm.api"
         for name in (
             "active_comm", "all_gather", "all_gather_into_tensor", "all_reduce", "barrier", "broadcast",
             "get_local_rank", "get_rank", "get_world_size", "is_initialized", "new_group", "reduce_scatter",
-            "reduce_scatter_tensor",
+            "reduce_scatter_tensor", *('all_gather_coalesced', 'all_gather_object', 'all_reduce_coalesced', 'all_to_all', 'all_to_all_single', 'batch_isend_irecv', 'broadcast_object', 'gather', 'get_all_ranks_from_group', 'get_backend', 'irecv', 'isend', 'monitored_barrier', 'recv', 'reduce', 'scatter', 'send'),
         )
     },
 }
@@ -69,19 +92,43 @@ if TYPE_CHECKING:  # pragma: no cover
     from dscore.comm.api import (
         active_comm,
         all_gather,
+        all_gather_coalesced,
         all_gather_into_tensor,
+        all_gather_object,
         all_reduce,
+        all_reduce_coalesced,
+        all_to_all,
+        all_to_all_single,
         barrier,
+        batch_isend_irecv,
         broadcast,
+        broadcast_object,
+        gather,
+        get_all_ranks_from_group,
+        get_backend,
         get_local_rank,
         get_rank,
         get_world_size,
+        irecv,
         is_initialized,
+        isend,
+        monitored_barrier,
         new_group,
+        recv,
+        reduce,
         reduce_scatter,
         reduce_scatter_tensor,
+        scatter,
+        send,
     )
-    from dscore.comm.comms_logger import configure, log_summary
+    from dscore.comm.comms_logger import (
+        configure,
+        get_comm_operation_count,
+        get_logged_comm_ops,
+        has_comm_data,
+        log_summary,
+        reset_log,
+    )
     from dscore.comm.facade import EMULABLE_OPS, Comm, RankFailure, Work, reduce_op
     from dscore.comm.init import init_distributed
 

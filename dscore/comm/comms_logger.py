@@ -5,7 +5,8 @@ DeepSpeed's table) lives in the comm plugin's ``comms_logger`` unit and attaches
 its public hook point (:mod:`dscore.comm.instrument`). The names below resolve, on first access, through
 the registry (the current runtime's inside ``dscore.initialize``, else the installed plugins): a disabled
 comm plugin raises the registry's error naming it. ``dscore.comm.configure`` and ``dscore.comm.log_summary``
-are these.
+are these, as are ``reset_log``, ``has_comm_data``, ``get_comm_operation_count`` and
+``get_logged_comm_ops`` (DeepSpeed's accessors of the logged data).
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ __all__ = [
     "calc_bw_log",
     "configure",
     "convert_size",
+    "get_comm_operation_count",
     "get_comms_logger",
+    "get_logged_comm_ops",
+    "has_comm_data",
     "log_summary",
+    "reset_log",
     "trim_mean",
 ]
 
@@ -36,6 +41,10 @@ if TYPE_CHECKING:  # pragma: no cover
     convert_size: Callable[[int], str]
     get_comms_logger: Callable[[], Any]
     log_summary: Callable[..., dict[str, Any] | None]
+    reset_log: Callable[[], None]
+    has_comm_data: Callable[[], bool]
+    get_comm_operation_count: Callable[[], int]
+    get_logged_comm_ops: Callable[[], list[str]]
     trim_mean: Callable[[Iterable[float], float], float]
 
 __getattr__ = thin_getattr(__name__, "config_section", "comms_logger", __all__)

@@ -42,6 +42,7 @@ Ranks passed to :meth:`Comm.broadcast` (``src``) are global ranks, as in torch.d
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -52,8 +53,8 @@ import torch.distributed as dist
 from dscore.comm import objects
 from dscore.comm.instrument import instrumentable
 from dscore.comm.transports import Transport, current_registry, default_registry, pick, registered_transports
-from dscore.comm.transports.native import NativeTransport
-from dscore.comm.work import DONE, Work
+from dscore.comm.transports.native import NativeTransport, result
+from dscore.comm.work import DONE, Work, launched
 from dscore.errors import DistributedError, DscoreError
 
 if TYPE_CHECKING:
@@ -73,20 +74,31 @@ _OPS: dict[str, Any] = {
     "min": dist.ReduceOp.MIN,
     "product": dist.ReduceOp.PRODUCT,
     "prod": dist.ReduceOp.PRODUCT,
+    "band": dist.ReduceOp.BAND,
+    "bor": dist.ReduceOp.BOR,
+    "bxor": dist.ReduceOp.BXOR,
 }
 
 def reduce_op(op: str | Any) -> Any:
-    """The ``torch.distributed.ReduceOp`` for ``op`` (a name, case-insensitive, or a ReduceOp).
+    """The ``torch.distributed.ReduceOp`` for ``op``.
+
+    ``op`` is a name (case-insensitive: ``sum``, ``avg``/``mean``, ``max``, ``min``, ``product``/``prod``,
+    ``band``, ``bor``, ``bxor``), a ``torch.distributed.ReduceOp`` (returned as it is), or an
+    :class:`enum.Enum` member named like one (``SUM``, ``AVG``, ...: DeepSpeed's ``deepspeed.comm.ReduceOp``).
 
     Raises:
-        DistributedError: unknown name; the message lists the valid ones.
+        DistributedError: unknown name or enum member (``UNUSED``), or another type; the message lists the
+            valid names.
     """
-    if not isinstance(op, str):
+    if isinstance(op, dist.ReduceOp) or isinstance(op, getattr(dist.ReduceOp, "RedOpType", ())):
         return op
-    try:
-        return _OPS[op.lower()]
-    except KeyError:
-        raise DistributedError(f"unknown reduce op {op!r}; valid: {', '.join(sorted(_OPS))}") from None
+    name = op.name if isinstance(op, enum.Enum) else op
+    if isinstance(name, str):
+        try:
+            return _OPS[name.lower()]
+        except KeyError:
+            pass
+    raise DistributedError(f"unknown reduce op {op!r}; valid: {', '.join(sorted(_OPS))} (or a ReduceOp)")
 
 
 def _require_contiguous(output: torch.Tensor, what: str) -> None:
@@ -469,28 +481,326 @@ class Comm:
             return _DONE if async_op else None
         return self.native.broadcast(tensor, src, grp, async_op)
 
+    def _members(self, grp: Any) -> list[int]:
+        """The global ranks of ``grp`` in group-rank order (``range(world)`` for the default group)."""
+        if grp is None or not self.is_initialized():
+            return list(range(self.get_world_size(grp)))
+        return [int(r) for r in dist.get_process_group_ranks(grp)]
+
+    def group_ranks(self, group: Any = None) -> list[int]:
+        """The global ranks of ``group`` (None: the bound group) in group-rank order."""
+        return self._members(self._group(group))
+
+    def _require_member(self, grp: Any, rank: int, call: str, arg: str) -> int:
+        members = self._members(grp)
+        if int(rank) not in members:
+            raise DistributedError(f"{call}: {arg}={rank} is not a global rank of the group (its ranks: {members})")
+        return int(rank)
+
+    @staticmethod
+    def _splits(sizes: Sequence[int] | None, rows: int, world: int, call: str, arg: str, what: str) -> list[int] | None:
+        """``sizes`` checked against dim 0 (``rows``) of ``what``; None when the split is even."""
+        if sizes is None:
+            if rows % world != 0:
+                raise DistributedError(
+                    f"{call}: dim 0 of {what} ({rows}) does not divide by the group size {world}; pass {arg} "
+                    "for an uneven split"
+                )
+            return None
+        split = [int(n) for n in sizes]
+        if len(split) != world or any(n < 0 for n in split) or sum(split) != rows:
+            raise DistributedError(
+                f"{call}: {arg}={list(sizes)} must be {world} non-negative sizes (one per rank of the group) "
+                f"summing to dim 0 of {what} ({rows})"
+            )
+        return split
+
     def all_to_all_single(
-        self, output: torch.Tensor, tensor: torch.Tensor, group: Any = None, async_op: bool = False
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+        group: Any = None,
+        async_op: bool = False,
     ) -> Work | None:
-        """Equal-split all-to-all along dim 0: chunk ``r`` of ``tensor`` goes to rank ``r``, chunk ``q`` of
-        ``output`` comes from rank ``q`` (dim 0 divisible by the world size, same shapes; Ulysses uses it).
+        """All-to-all along dim 0 (``torch.distributed.all_to_all_single``): chunk ``r`` of ``tensor`` goes to
+        rank ``r``; chunk ``q`` of ``output`` comes from rank ``q`` (Ulysses, MoE dispatch).
+
+        Shapes: ``tensor`` and ``output`` have at least one dimension, the same trailing dimensions and dtype;
+        ``output`` is contiguous. Without split sizes, dim 0 divides by the group size and the shapes are
+        equal (even chunks). ``input_split_sizes`` (``output_split_sizes``) gives the dim-0 length of each
+        rank's chunk of ``tensor`` (``output``): one non-negative size per rank, summing to dim 0; rank
+        ``q``'s ``input_split_sizes[r]`` must equal rank ``r``'s ``output_split_sizes[q]``.
 
         Raises:
-            ValueError: dim 0 of ``tensor`` does not divide by the group size, or the shapes differ.
+            DistributedError: split sizes of the wrong length or sum (names the argument), dim 0 not
+                divisible without them, mismatched trailing dimensions or dtypes, a non-contiguous output.
         """
         grp = self._group(group)
         world = self.get_world_size(grp)
-        if tensor.shape != output.shape or tensor.shape[0] % world != 0:
-            raise ValueError(
-                f"all_to_all_single needs equal shapes with dim 0 divisible by the group size {world}; got input "
-                f"{tuple(tensor.shape)} and output {tuple(output.shape)}"
+        call = "all_to_all_single"
+        if tensor.dim() == 0 or output.dim() == 0 or tensor.shape[1:] != output.shape[1:] or tensor.dtype != output.dtype:
+            raise DistributedError(
+                f"{call}: input {tuple(tensor.shape)} {tensor.dtype} and output {tuple(output.shape)} {output.dtype} "
+                "need at least one dimension, the same trailing dimensions and the same dtype"
             )
+        in_split = self._splits(input_split_sizes, tensor.shape[0], world, call, "input_split_sizes", "the input")
+        out_split = self._splits(output_split_sizes, output.shape[0], world, call, "output_split_sizes", "the output")
+        if in_split is None and out_split is None and tensor.shape != output.shape:
+            raise DistributedError(
+                f"{call}: an even split needs equal shapes; got input {tuple(tensor.shape)} and output "
+                f"{tuple(output.shape)} (pass output_split_sizes / input_split_sizes for an uneven one)"
+            )
+        me = self.get_rank(grp)
+        mine_in = in_split[me] if in_split is not None else tensor.shape[0] // world
+        mine_out = out_split[me] if out_split is not None else output.shape[0] // world
+        if mine_in != mine_out:
+            raise DistributedError(
+                f"{call}: this rank's own chunk has {mine_in} rows in input_split_sizes but {mine_out} in "
+                f"output_split_sizes (rank {me} sends itself what it receives from itself)"
+            )
+        _require_contiguous(output, f"{call} output")
         if world == 1:
+            if tensor.shape[0] != output.shape[0]:
+                raise DistributedError(
+                    f"{call}: on one rank the output receives the whole input; dim 0 is {tensor.shape[0]} in the "
+                    f"input and {output.shape[0]} in the output"
+                )
             if output.data_ptr() != tensor.data_ptr():
                 output.copy_(tensor)
             return _DONE if async_op else None
-        _require_contiguous(output, "all_to_all_single output")
-        return self.native.all_to_all_single(output, tensor, grp, async_op)
+        return self.native.all_to_all_single(output, tensor, grp, async_op, out_split, in_split)
+
+    def all_to_all(
+        self,
+        output_tensor_list: Sequence[torch.Tensor],
+        input_tensor_list: Sequence[torch.Tensor],
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Work | None:
+        """``input_tensor_list[r]`` goes to rank ``r``; ``output_tensor_list[q]`` receives rank ``q``'s entry
+        for this rank (``torch.distributed.all_to_all``).
+
+        Shapes: both lists have one tensor per rank of the group, all of one dtype and device; entry ``q``
+        of the output has the element count of rank ``q``'s entry for this rank (any shapes). On gloo
+        (which lacks this call) it runs as one uneven :meth:`all_to_all_single` of the flattened entries.
+
+        Raises:
+            DistributedError: list lengths other than the group size, or mixed dtypes or devices.
+        """
+        grp = self._group(group)
+        world = self.get_world_size(grp)
+        outs, ins = list(output_tensor_list), list(input_tensor_list)
+        if len(outs) != world or len(ins) != world:
+            raise DistributedError(
+                f"all_to_all: output_tensor_list and input_tensor_list need {world} tensors each (one per rank), "
+                f"got {len(outs)} and {len(ins)}"
+            )
+        if len({(t.dtype, t.device) for t in outs + ins}) != 1:
+            raise DistributedError(
+                "all_to_all: every tensor must have one dtype and device; got "
+                f"{sorted({f'{t.dtype}@{t.device}' for t in outs + ins})}"
+            )
+        if world == 1:
+            if outs[0].numel() != ins[0].numel():
+                raise DistributedError(
+                    f"all_to_all: on one rank output_tensor_list[0] ({outs[0].numel()} elements) receives "
+                    f"input_tensor_list[0] ({ins[0].numel()} elements)"
+                )
+            if outs[0].data_ptr() != ins[0].data_ptr():
+                outs[0].copy_(ins[0].reshape(outs[0].shape))
+            return _DONE if async_op else None
+        if ins[0].device.type != "cpu" or "gloo" not in self.get_backend(grp).lower():
+            return result(dist.all_to_all(outs, [t.contiguous() for t in ins], group=grp, async_op=True), async_op)
+        device = ins[0].device
+        send = torch.cat([t.reshape(-1) for t in ins]) if ins else torch.empty(0, device=device)
+        recv = torch.empty(sum(t.numel() for t in outs), dtype=outs[0].dtype, device=device)
+        work = self.native.all_to_all_single(
+            recv, send, grp, True, [t.numel() for t in outs], [t.numel() for t in ins]
+        )
+
+        def finish() -> None:
+            for out, got in zip(outs, recv.split([t.numel() for t in outs])):
+                out.copy_(got.view(out.shape))
+
+        return launched([work], async_op, finish)
+
+    def reduce(
+        self, tensor: torch.Tensor, dst: int, op: str | Any = "sum", group: Any = None, async_op: bool = False
+    ) -> Work | None:
+        """Reduce ``tensor`` (any shape/dtype) across the group into ``tensor`` on global rank ``dst``
+        (``torch.distributed.reduce``; the other ranks' tensors are scratch afterwards, as torch's).
+
+        ``op="avg"`` needs a floating dtype and runs as a sum divided by the group size on ``dst``.
+
+        Raises:
+            DistributedError: ``dst`` is not a rank of the group, an unknown op, avg of a non-floating tensor.
+        """
+        grp = self._group(group)
+        rop = reduce_op(op)
+        if _is_avg(rop):
+            self._require_floating(tensor, "reduce")
+        dst = self._require_member(grp, dst, "reduce", "dst")
+        world = self.get_world_size(grp)
+        if world == 1:
+            return _DONE if async_op else None
+        avg = _is_avg(rop)
+        work = dist.reduce(tensor, dst, op=dist.ReduceOp.SUM if avg else rop, group=grp, async_op=True)
+        mine = dist.get_rank() == dst
+
+        def finish() -> None:
+            if avg and mine:
+                tensor.div_(world)
+
+        return launched([work], async_op, finish)
+
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        gather_list: list[torch.Tensor] | None = None,
+        dst: int = 0,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Work | None:
+        """``gather_list[r]`` on global rank ``dst`` receives rank ``r``'s ``tensor`` (``torch.distributed.gather``).
+
+        Shapes: on ``dst``, ``gather_list`` has one tensor per rank of the group, each of ``tensor``'s shape
+        and dtype; on the other ranks it is None (or empty).
+
+        Raises:
+            DistributedError: ``dst`` is not a rank of the group, or ``gather_list`` is wrong for this rank.
+        """
+        grp = self._group(group)
+        dst = self._require_member(grp, dst, "gather", "dst")
+        world = self.get_world_size(grp)
+        here = self._members(grp)[self.get_rank(grp)] if self.is_initialized() else 0
+        if here == dst:
+            if gather_list is None or len(gather_list) != world or any(
+                t.shape != tensor.shape or t.dtype != tensor.dtype for t in gather_list
+            ):
+                got = None if gather_list is None else [(tuple(t.shape), t.dtype) for t in gather_list]
+                raise DistributedError(
+                    f"gather: on the destination rank {dst}, gather_list needs {world} tensors of shape "
+                    f"{tuple(tensor.shape)} and dtype {tensor.dtype}; got {got}"
+                )
+        elif gather_list:
+            raise DistributedError(f"gather: gather_list must be None on ranks other than dst={dst}")
+        if world == 1:
+            assert gather_list is not None
+            if gather_list[0].data_ptr() != tensor.data_ptr():
+                gather_list[0].copy_(tensor)
+            return _DONE if async_op else None
+        work = dist.gather(tensor.contiguous(), gather_list if here == dst else None, dst=dst, group=grp, async_op=True)
+        return launched([work], async_op)
+
+    def scatter(
+        self,
+        tensor: torch.Tensor,
+        scatter_list: list[torch.Tensor] | None = None,
+        src: int = 0,
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Work | None:
+        """Rank ``r`` receives ``scatter_list[r]`` of global rank ``src`` into ``tensor``
+        (``torch.distributed.scatter``).
+
+        Shapes: on ``src``, ``scatter_list`` has one tensor per rank of the group, each of ``tensor``'s shape
+        and dtype; on the other ranks it is None (or empty).
+
+        Raises:
+            DistributedError: ``src`` is not a rank of the group, or ``scatter_list`` is wrong for this rank.
+        """
+        grp = self._group(group)
+        src = self._require_member(grp, src, "scatter", "src")
+        world = self.get_world_size(grp)
+        here = self._members(grp)[self.get_rank(grp)] if self.is_initialized() else 0
+        if here == src:
+            if scatter_list is None or len(scatter_list) != world or any(
+                t.shape != tensor.shape or t.dtype != tensor.dtype for t in scatter_list
+            ):
+                got = None if scatter_list is None else [(tuple(t.shape), t.dtype) for t in scatter_list]
+                raise DistributedError(
+                    f"scatter: on the source rank {src}, scatter_list needs {world} tensors of shape "
+                    f"{tuple(tensor.shape)} and dtype {tensor.dtype}; got {got}"
+                )
+        elif scatter_list:
+            raise DistributedError(f"scatter: scatter_list must be None on ranks other than src={src}")
+        _require_contiguous(tensor, "scatter")
+        if world == 1:
+            assert scatter_list is not None
+            if scatter_list[0].data_ptr() != tensor.data_ptr():
+                tensor.copy_(scatter_list[0])
+            return _DONE if async_op else None
+        chunks = [t.contiguous() for t in scatter_list] if here == src and scatter_list is not None else None
+        work = dist.scatter(tensor, chunks, src=src, group=grp, async_op=True)
+        return launched([work], async_op)
+
+    def all_reduce_coalesced(
+        self, tensors: Sequence[torch.Tensor], op: str | Any = "sum", group: Any = None, async_op: bool = False
+    ) -> Work | None:
+        """:meth:`all_reduce` of every tensor of ``tensors`` (in place), as one flat all-reduce per dtype.
+
+        Shapes: any; the tensors share one device. Results equal one :meth:`all_reduce` per tensor.
+
+        Raises:
+            DistributedError: tensors on different devices, an unknown op, avg of a non-floating tensor.
+        """
+        items = list(tensors)
+        if len({t.device for t in items}) > 1:
+            raise DistributedError(
+                f"all_reduce_coalesced: the tensors must share one device; got {sorted({str(t.device) for t in items})}"
+            )
+        rop = reduce_op(op)
+        if _is_avg(rop):
+            for t in items:
+                self._require_floating(t, "all_reduce_coalesced")
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in items:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        works: list[Any] = []
+        flats: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+        for members in by_dtype.values():
+            flat = torch.cat([t.reshape(-1) for t in members])
+            works.append(self.all_reduce(flat, rop, group=group, async_op=True))
+            flats.append((flat, members))
+
+        def finish() -> None:
+            for flat, members in flats:
+                for t, got in zip(members, flat.split([t.numel() for t in members])):
+                    t.copy_(got.view(t.shape))
+
+        return launched(works, async_op, finish)
+
+    def all_gather_coalesced(
+        self,
+        output_tensors: Sequence[torch.Tensor],
+        input_tensors: Sequence[torch.Tensor],
+        group: Any = None,
+        async_op: bool = False,
+    ) -> Work | None:
+        """:meth:`all_gather_into_tensor` of each ``(output_tensors[i], input_tensors[i])`` pair, all launched
+        together (``deepspeed.comm.all_gather_coalesced``).
+
+        Raises:
+            DistributedError: lists of different lengths, or a pair whose sizes do not match (checked for
+                every pair before anything is launched).
+        """
+        outs, ins = list(output_tensors), list(input_tensors)
+        grp = self._group(group)
+        world = self.get_world_size(grp)
+        if len(outs) != len(ins):
+            raise DistributedError(
+                f"all_gather_coalesced: {len(outs)} output_tensors for {len(ins)} input_tensors; pass one output per input"
+            )
+        for i, (out, inp) in enumerate(zip(outs, ins)):
+            if out.numel() != world * inp.numel() or not out.is_contiguous():
+                raise DistributedError(
+                    f"all_gather_coalesced: output_tensors[{i}] must be contiguous with world_size ({world}) x "
+                    f"{inp.numel()} elements (input_tensors[{i}]); got {out.numel()}"
+                )
+        works = [self.all_gather_into_tensor(out, inp, group=group, async_op=True) for out, inp in zip(outs, ins)]
+        return launched(works, async_op)
 
     # ---------------------------------------------------------------- point-to-point
     def send(self, tensor: torch.Tensor, dst: int, *, tag: int = 0, group: Any = None) -> None:
@@ -501,44 +811,91 @@ class Comm:
         """
         dist.send(tensor, int(dst), group=self._group(group), tag=int(tag))
 
-    def recv(self, tensor: torch.Tensor, src: int, *, tag: int = 0, group: Any = None) -> None:
-        """Receive into ``tensor`` (its shape and dtype must match the sender's) from global rank ``src``."""
-        dist.recv(tensor, int(src), group=self._group(group), tag=int(tag))
+    def recv(self, tensor: torch.Tensor, src: int | None = None, *, tag: int = 0, group: Any = None) -> int:
+        """Receive into ``tensor`` (its shape and dtype must match the sender's) from global rank ``src``
+        (None: from any rank). Returns the sender's global rank."""
+        return int(dist.recv(tensor, None if src is None else int(src), group=self._group(group), tag=int(tag)))
 
     def isend(self, tensor: torch.Tensor, dst: int, *, tag: int = 0, group: Any = None) -> Work:
         """Start sending ``tensor`` to global rank ``dst``; keep ``tensor`` alive and unchanged until the
         returned :class:`Work` is waited on."""
         return Work([dist.isend(tensor, int(dst), group=self._group(group), tag=int(tag))])
 
-    def irecv(self, tensor: torch.Tensor, src: int, *, tag: int = 0, group: Any = None) -> Work:
-        """Start receiving into ``tensor`` from global rank ``src``; its contents are valid after ``wait()``."""
-        return Work([dist.irecv(tensor, int(src), group=self._group(group), tag=int(tag))])
+    def irecv(self, tensor: torch.Tensor, src: int | None = None, *, tag: int = 0, group: Any = None) -> Work:
+        """Start receiving into ``tensor`` from global rank ``src`` (None: any rank); its contents are valid
+        after ``wait()``."""
+        return Work([dist.irecv(tensor, None if src is None else int(src), group=self._group(group), tag=int(tag))])
 
-    def all_gather_object(self, obj: Any, group: Any = None) -> list[Any]:
+    def batch_isend_irecv(self, p2p_ops: Sequence[Any]) -> list[Work]:
+        """Launch a batch of point-to-point transfers together (``torch.distributed.batch_isend_irecv``, which
+        backends such as NCCL need to pair sends and receives without deadlocking).
+
+        Each entry has ``op`` (``"isend"`` / ``"irecv"``, or ``torch.distributed.isend`` / ``irecv``),
+        ``tensor``, ``peer`` (a global rank), ``group`` (None: this facade's) and ``tag`` attributes:
+        a ``torch.distributed.P2POp`` or DeepSpeed's ``P2POp``. Returns one :class:`Work` per entry.
+
+        Raises:
+            DistributedError: an entry's ``op`` is neither kind, or the list is empty.
+        """
+        kinds = {"isend": dist.isend, "irecv": dist.irecv}
+        ops = []
+        for i, entry in enumerate(p2p_ops):
+            kind = entry.op
+            fn = kinds.get(kind) if isinstance(kind, str) else (kind if kind in kinds.values() else None)
+            if fn is None:
+                raise DistributedError(f"batch_isend_irecv: entry {i} has op={kind!r}; valid: 'isend', 'irecv'")
+            group = getattr(entry, "group", None)
+            ops.append(dist.P2POp(fn, entry.tensor, int(entry.peer), self._group(group), int(getattr(entry, "tag", 0))))
+        if not ops:
+            raise DistributedError("batch_isend_irecv: p2p_ops is empty; pass at least one isend/irecv operation")
+        return [Work([w]) for w in dist.batch_isend_irecv(ops)]
+
+    def all_gather_object(self, obj: Any, group: Any = None, *, device: torch.device | str | None = None) -> list[Any]:
         """Every rank's picklable ``obj``, in rank order (``[obj]`` on one rank).
 
         Runs :func:`dscore.comm.objects.all_gather_object` (a length exchange, then a padded ``uint8``
-        all-gather on the group's :func:`~dscore.comm.objects.object_device`), not torch's, which needs
-        numpy to unpickle.
+        all-gather on ``device``, default the group's :func:`~dscore.comm.objects.object_device`), not
+        torch's, which needs numpy to unpickle.
         """
         grp = self._group(group)
         if self.get_world_size(grp) == 1:
             return [obj]
-        return objects.all_gather_object(obj, grp, accelerator=self.accelerator)
+        return objects.all_gather_object(obj, grp, device=device, accelerator=self.accelerator)
 
-    def broadcast_object(self, obj: Any, src: int = 0, group: Any = None) -> Any:
-        """Global rank ``src``'s picklable ``obj`` on every rank (:func:`dscore.comm.objects.broadcast_object`:
-        no numpy needed)."""
+    def broadcast_object(
+        self, obj: Any, src: int = 0, group: Any = None, *, device: torch.device | str | None = None
+    ) -> Any:
+        """Global rank ``src``'s picklable ``obj`` on every rank (:func:`dscore.comm.objects.broadcast_object`
+        on ``device``, default the group's object device: no numpy needed)."""
         grp = self._group(group)
         if self.get_world_size(grp) == 1:
             return obj
-        return objects.broadcast_object(obj, int(src), grp, accelerator=self.accelerator)
+        return objects.broadcast_object(obj, int(src), grp, device=device, accelerator=self.accelerator)
 
-    def barrier(self, group: Any = None) -> None:
-        """Block until every rank of the group reaches the barrier (no-op on one rank)."""
-        if self.get_world_size(self._group(group)) == 1:
+    def barrier(self, group: Any = None, async_op: bool = False, device_ids: Sequence[int] | None = None) -> Work | None:
+        """Block until every rank of the group reaches the barrier (no-op on one rank).
+
+        With ``async_op`` returns a :class:`Work` that completes once every rank arrived; ``device_ids``
+        (NCCL) names the devices the barrier runs on, as ``torch.distributed.barrier``.
+        """
+        grp = self._group(group)
+        if self.get_world_size(grp) == 1:
+            return _DONE if async_op else None
+        kwargs: dict[str, Any] = {} if device_ids is None else {"device_ids": list(device_ids)}
+        return result(dist.barrier(group=grp, async_op=async_op, **kwargs), async_op)
+
+    def monitored_barrier(self, group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout`` (a ``timedelta``; None: the
+        group's timeout); ``wait_all_ranks`` reports every missing rank rather than the first
+        (``torch.distributed.monitored_barrier``, gloo groups only).
+
+        Raises:
+            RuntimeError: torch's, naming the missing rank(s), on timeout or on a backend without it.
+        """
+        grp = self._group(group)
+        if self.get_world_size(grp) == 1:
             return
-        dist.barrier(group=self._group(group))
+        dist.monitored_barrier(group=grp, timeout=timeout, wait_all_ranks=bool(wait_all_ranks))
 
     def agree(
         self,

@@ -29,11 +29,19 @@ COLLECTIVES: frozenset[str] = frozenset(
         "all_gather",
         "broadcast",
         "all_to_all_single",
+        "all_to_all",
+        "reduce",
+        "gather",
+        "scatter",
+        "all_reduce_coalesced",
+        "all_gather_coalesced",
         "send",
         "recv",
         "isend",
         "irecv",
+        "batch_isend_irecv",
         "barrier",
+        "monitored_barrier",
     }
 )
 

@@ -180,5 +180,7 @@ def test_the_comms_logger_attaches_through_the_hook_point() -> None:
     assert getattr(Comm.all_reduce, "__comms_logged__", False) is True
     assert comms_logger.LOGGED_OPS == frozenset(
         {"all_reduce", "reduce_scatter_tensor", "reduce_scatter", "all_gather_into_tensor", "all_gather",
-         "broadcast", "all_to_all_single", "send", "recv", "isend", "irecv", "barrier"}
+         "broadcast", "all_to_all_single", "all_to_all", "reduce", "gather", "scatter", "all_reduce_coalesced",
+         "all_gather_coalesced", "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier",
+         "monitored_barrier"}
     )

@@ -199,6 +199,21 @@ class NativeTransport:
         """``dist.broadcast`` from global rank ``src``, in place."""
         return result(dist.broadcast(tensor, src=int(src), group=grp, async_op=async_op), async_op)
 
-    def all_to_all_single(self, output: torch.Tensor, tensor: torch.Tensor, grp: Any, async_op: bool) -> Work | None:
-        """``dist.all_to_all_single`` with equal splits (``output`` contiguous; the caller checks shapes)."""
-        return result(dist.all_to_all_single(output, tensor.contiguous(), group=grp, async_op=async_op), async_op)
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        grp: Any,
+        async_op: bool,
+        output_split_sizes: list[int] | None = None,
+        input_split_sizes: list[int] | None = None,
+    ) -> Work | None:
+        """``dist.all_to_all_single`` along dim 0, even (no split sizes) or uneven (``output`` contiguous; the
+        caller checks shapes and split sizes)."""
+        return result(
+            dist.all_to_all_single(
+                output, tensor.contiguous(), output_split_sizes=output_split_sizes,
+                input_split_sizes=input_split_sizes, group=grp, async_op=async_op,
+            ),
+            async_op,
+        )

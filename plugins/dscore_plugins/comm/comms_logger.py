@@ -14,11 +14,11 @@ facade's hook point, :func:`dscore.comm.instrument.wrap_collectives`; the user-f
 * the message size is DeepSpeed's: the bytes of the tensor argument (``tensor`` / ``input``; the sum of
   ``input_list``; 0 for ``barrier``);
 * bandwidth (nccl-tests' definitions, as DeepSpeed): with ``n`` the size of the group the collective ran
-  on, ``all_reduce``: algbw = 2·size/t, busbw = size/t · 2(n-1)/n; ``all_gather*``: size·n/t and
-  size·n/t · (n-1)/n; ``reduce_scatter*`` and ``all_to_all_single``: size/t and size/t · (n-1)/n (size is the whole input; DeepSpeed
+  on, ``all_reduce`` / ``all_reduce_coalesced``: algbw = 2·size/t, busbw = size/t · 2(n-1)/n; ``all_gather*``: size·n/t and
+  size·n/t · (n-1)/n; ``reduce_scatter*`` and ``all_to_all*``: size/t and size/t · (n-1)/n (size is the whole input; DeepSpeed
   multiplies it by n once more, over-stating reduce-scatter bandwidth n times, and uses the global world
-  size for sub-group collectives: dscore does neither); ``broadcast``, ``send``/``recv``/``isend``/
-  ``irecv``, ``barrier``: size/t for both. Bytes/ms · 8 / 1e6 = Gbps;
+  size for sub-group collectives: dscore does neither); ``broadcast``, ``reduce``, ``gather``, ``scatter``,
+  ``send``/``recv``/``isend``/``irecv``/``batch_isend_irecv``, ``barrier``/``monitored_barrier``: size/t for both. Bytes/ms · 8 / 1e6 = Gbps;
 * a recorded collective is made blocking (its work is waited for and the device synchronized before the
   clock stops), as DeepSpeed's; ``isend``/``irecv`` are timed to their launch only (waiting there could
   deadlock a send/receive pair);
@@ -50,8 +50,12 @@ __all__ = [
     "calc_bw_log",
     "configure",
     "convert_size",
+    "get_comm_operation_count",
     "get_comms_logger",
+    "get_logged_comm_ops",
+    "has_comm_data",
     "log_summary",
+    "reset_log",
     "trim_mean",
 ]
 
@@ -60,10 +64,12 @@ log = logging.getLogger("dscore.comm.comms_logger")
 #: Operation names the logger records (``prof_ops`` takes these): every instrumentable collective.
 LOGGED_OPS: frozenset[str] = COLLECTIVES
 
-_GATHER = {"all_gather", "all_gather_into_tensor"}
+_ALL_REDUCE = {"all_reduce", "all_reduce_coalesced"}
+_GATHER = {"all_gather", "all_gather_into_tensor", "all_gather_coalesced"}
 _SCATTER = {"reduce_scatter", "reduce_scatter_tensor"}
-_ALL_TO_ALL = {"all_to_all_single"}
-_POINT = {"broadcast", "send", "recv", "isend", "irecv", "barrier"}
+_ALL_TO_ALL = {"all_to_all_single", "all_to_all"}
+_POINT = {"broadcast", "send", "recv", "isend", "irecv", "batch_isend_irecv", "barrier", "monitored_barrier", "reduce",
+          "gather", "scatter"}
 _NO_WAIT = {"isend", "irecv"}
 
 
@@ -89,7 +95,7 @@ def calc_bw_log(op: str, size: int, duration_ms: float, world: int) -> tuple[flo
         return 0.0, 0.0
     n = max(1, int(world))
     rate = size / duration_ms
-    if op == "all_reduce":
+    if op in _ALL_REDUCE:
         algbw, busbw = 2 * rate, rate * 2 * (n - 1) / n
     elif op in _GATHER:
         algbw = rate * n
@@ -352,6 +358,8 @@ def _bytes(value: Any) -> int:
         return 0
     if isinstance(value, (list, tuple)):
         return sum(_bytes(v) for v in value)
+    if hasattr(value, "tensor") and hasattr(value, "peer"):  # a P2POp of batch_isend_irecv
+        return _bytes(value.tensor)
     numel = getattr(value, "numel", None)
     size = getattr(value, "element_size", None)
     return int(numel()) * int(size()) if callable(numel) and callable(size) else 0
@@ -366,6 +374,14 @@ _MESSAGE_ARG = {
     "all_gather": "tensor",
     "broadcast": "tensor",
     "all_to_all_single": "tensor",
+    "all_to_all": "input_tensor_list",
+    "reduce": "tensor",
+    "gather": "tensor",
+    "scatter": "tensor",
+    "all_reduce_coalesced": "tensors",
+    "all_gather_coalesced": "input_tensors",
+    "batch_isend_irecv": "p2p_ops",
+    "monitored_barrier": "",
     "send": "tensor",
     "recv": "tensor",
     "isend": "tensor",
@@ -510,3 +526,23 @@ def log_summary(show_straggler: bool = False, return_dict: bool = False) -> dict
         print_log=rank == 0, show_straggler=show_straggler, return_dict=return_dict, min_latencies=mins,
         world_size=world, rank=rank,
     )  # fmt: skip
+
+
+def reset_log() -> None:
+    """``deepspeed.comm.reset_log``: forget every record of the process's logger (per-epoch statistics)."""
+    _LOGGER.reset_data()
+
+
+def has_comm_data() -> bool:
+    """``deepspeed.comm.has_comm_data``: whether the process's logger recorded anything."""
+    return _LOGGER.has_data()
+
+
+def get_comm_operation_count() -> int:
+    """``deepspeed.comm.get_comm_operation_count``: calls recorded, over every operation and size."""
+    return _LOGGER.get_total_operations()
+
+
+def get_logged_comm_ops() -> list[str]:
+    """``deepspeed.comm.get_logged_comm_ops``: the recorded operation names, in the order first seen."""
+    return _LOGGER.get_operation_names()
