@@ -45,3 +45,13 @@ def test_main_raises_value_error_for_counts_with_filters():
             runner.main(argv.split())
     args = runner.parse_args(["--launcher_arg", "-x 1", "s.py", "--lr", "1"])  # abbreviation, as DeepSpeed
     assert args.launcher_args == "-x 1" and args.user_script == "s.py" and args.user_args == ["--lr", "1"]
+
+
+def test_launch_module_is_dscores_node_launcher():
+    from deepspeed.launcher import launch, runner
+
+    args = launch.parse_args(["--world_info=" + runner.encode_world_info({"h": [0, 2]}), "--node_rank=0", "t.py", "-a"])
+    assert args.training_script == "t.py" and args.training_script_args == ["-a"]
+    assert launch.decode_world_info(args.world_info) == {"h": [0, 2]}
+    with pytest.raises(SystemExit):  # DeepSpeed's --save_pid is refused by argparse, not ignored
+        launch.parse_args(["--save_pid", "1", "t.py"])

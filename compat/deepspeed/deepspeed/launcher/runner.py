@@ -52,7 +52,7 @@ def parse_args(args: Sequence[str] | None = None) -> argparse.Namespace:
     from dscore.launcher.options import add_arguments
 
     parser = argparse.ArgumentParser(
-        prog="deepspeed", description="launch a multi-node/multi-accelerator training job (dscore run)"
+        prog="dscore run", description="launch a multi-node/multi-accelerator training job (deepspeed is dscore run)"
     )
     add_arguments(parser)
     return parser.parse_args(args=None if args is None else list(args))
