@@ -22,6 +22,7 @@ __all__ = [
     "AcceleratorError",
     "LauncherError",
     "HostfileError",
+    "LauncherArgumentError",
     "CheckpointError",
     "CheckpointNotFoundError",
     "CheckpointArgumentError",
@@ -132,6 +133,11 @@ class AcceleratorError(DscoreError, RuntimeError):
 
 class LauncherError(DscoreError):
     """``dscore run`` was given options it cannot act on."""
+
+
+class LauncherArgumentError(LauncherError, ValueError):
+    """A launcher option or resource filter has an invalid or conflicting value (``--include``/``--exclude``,
+    ``--num_nodes``/``--num_gpus``); a ``ValueError`` as DeepSpeed's launcher raises for the same input."""
 
 
 class HostfileError(LauncherError, ValueError):

@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dscore.errors import DscoreError, LauncherError
 from dscore.launcher.envfile import expand_references
 
-__all__ = ["encode_world_info", "decode_world_info", "mpi_rank_env", "main", "FAILURE_MARKER", "parse_failure_line"]
+__all__ = ["encode_world_info", "decode_world_info", "parse_args", "mpi_rank_env", "main", "FAILURE_MARKER", "parse_failure_line"]
 
 log = logging.getLogger("dscore.launcher.node")
 
@@ -201,6 +201,11 @@ def _watch_stdin() -> None:
         pass
     log.warning("launcher connection closed (stdin EOF); stopping this node's ranks")
     signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGTERM)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the node launcher's flags (``sys.argv[1:]`` when ``argv`` is None); argparse exits 2 on bad ones."""
+    return _parser().parse_args(None if argv is None else list(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,12 +15,12 @@ semantics:
 
 dscore fails loudly where DeepSpeed is silent: an unknown host or slot, an empty slot list, a
 malformed slot, ``--num_nodes`` larger than the pool or < 1, and ``--num_gpus`` < 1 are
-:class:`~dscore.errors.LauncherError`\\ s naming the option, the bad value and the valid choices.
+:class:`~dscore.errors.LauncherArgumentError`\\ s (``ValueError``\\ s, as in DeepSpeed) naming the option, the bad value and the valid choices.
 """
 
 from __future__ import annotations
 
-from dscore.errors import LauncherError, did_you_mean
+from dscore.errors import LauncherArgumentError, did_you_mean
 
 __all__ = ["WorldInfo", "parse_filter", "apply_filters", "select_resources"]
 
@@ -45,13 +45,13 @@ def parse_filter(text: str, pool: WorldInfo, *, option: str) -> dict[str, list[i
         When a host is named bare and with slots, the slots are kept.
 
     Raises:
-        LauncherError: empty host spec, unknown host (with close matches), empty or malformed slot list,
+        LauncherArgumentError: empty host spec, unknown host (with close matches), empty or malformed slot list,
             or a slot the host does not have (listing its slots).
     """
     out: dict[str, list[int] | None] = {}
     for part in text.split("@"):
         if not part.strip():
-            raise LauncherError(
+            raise LauncherArgumentError(
                 f"{option} {text!r}: empty host entry; expected host[:slot,slot][@host...], "
                 f"available: {_fmt_pool(pool)}"
             )
@@ -59,7 +59,7 @@ def parse_filter(text: str, pool: WorldInfo, *, option: str) -> dict[str, list[i
         if host not in pool:
             close = did_you_mean(host, pool)
             hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise LauncherError(
+            raise LauncherArgumentError(
                 f"{option} {text!r}: host {host!r} is not in the hostfile/resource pool; "
                 f"valid hosts: {', '.join(pool)}.{hint}"
             )
@@ -69,7 +69,7 @@ def parse_filter(text: str, pool: WorldInfo, *, option: str) -> dict[str, list[i
         slots: list[int] = []
         items = slot_text.split(",")
         if not slot_text.strip() or any(not s.strip() for s in items):
-            raise LauncherError(
+            raise LauncherArgumentError(
                 f"{option} {text!r}: empty slot list for host {host!r}; write {host}:0,1 or just {host} for "
                 f"all of its slots ({','.join(map(str, pool[host]))})"
             )
@@ -77,12 +77,12 @@ def parse_filter(text: str, pool: WorldInfo, *, option: str) -> dict[str, list[i
             try:
                 slot = int(item.strip())
             except ValueError:
-                raise LauncherError(
+                raise LauncherArgumentError(
                     f"{option} {text!r}: slot {item.strip()!r} of host {host!r} is not an integer; "
                     f"valid slots: {','.join(map(str, pool[host]))}"
                 ) from None
             if slot not in pool[host]:
-                raise LauncherError(
+                raise LauncherArgumentError(
                     f"{option} {text!r}: host {host!r} has no slot {slot}; "
                     f"valid slots: {','.join(map(str, pool[host]))}"
                 )
@@ -96,10 +96,10 @@ def apply_filters(pool: WorldInfo, *, include: str = "", exclude: str = "") -> W
     """Apply ``--include`` or ``--exclude`` to ``pool`` (see the module docstring for semantics).
 
     Raises:
-        LauncherError: both filters given, a malformed filter, or nothing left after filtering.
+        LauncherArgumentError: both filters given, a malformed filter, or nothing left after filtering.
     """
     if include and exclude:
-        raise LauncherError(f"--include {include!r} and --exclude {exclude!r} are mutually exclusive; use one of them")
+        raise LauncherArgumentError(f"--include {include!r} and --exclude {exclude!r} are mutually exclusive; use one of them")
     if include:
         wanted = parse_filter(include, pool, option="--include")
         result = {h: list(pool[h]) if wanted[h] is None else list(wanted[h] or []) for h in pool if h in wanted}
@@ -118,7 +118,7 @@ def apply_filters(pool: WorldInfo, *, include: str = "", exclude: str = "") -> W
         return {h: list(s) for h, s in pool.items()}
     if not result:
         which = f"--include {include!r}" if include else f"--exclude {exclude!r}"
-        raise LauncherError(f"{which} leaves no slots to launch on; available: {_fmt_pool(pool)}")
+        raise LauncherArgumentError(f"{which} leaves no slots to launch on; available: {_fmt_pool(pool)}")
     return result
 
 
@@ -140,25 +140,25 @@ def select_resources(
             processes per node.
 
     Raises:
-        LauncherError: conflicting options, values out of range (naming the valid range), bad filters.
+        LauncherArgumentError: conflicting options, values out of range (naming the valid range), bad filters.
     """
     if (include or exclude) and (num_nodes >= 0 or num_gpus >= 0):
         which = f"--include {include!r}" if include else f"--exclude {exclude!r}"
         explicit = [f"--num_nodes {num_nodes}"] * (num_nodes >= 0) + [f"--num_gpus {num_gpus}"] * (num_gpus >= 0)
-        raise LauncherError(
+        raise LauncherArgumentError(
             f"{which} cannot be combined with {' and '.join(explicit)}; choose hosts/slots with the filter "
             "or with the counts, not both"
         )
     world = apply_filters(pool, include=include, exclude=exclude)
     if num_nodes >= 0 or num_nodes < -1:
         if not 1 <= num_nodes <= len(world):
-            raise LauncherError(
+            raise LauncherArgumentError(
                 f"--num_nodes {num_nodes} is out of range: {len(world)} host(s) available "
                 f"({', '.join(world)}); valid values are 1..{len(world)}"
             )
         world = dict(list(world.items())[:num_nodes])
     if num_gpus >= 0 or num_gpus < -1:
         if num_gpus < 1:
-            raise LauncherError(f"--num_gpus/--nproc_per_node {num_gpus} is out of range; it must be >= 1")
+            raise LauncherArgumentError(f"--num_gpus/--nproc_per_node {num_gpus} is out of range; it must be >= 1")
         world = {h: list(range(num_gpus)) for h in world}
     return world
