@@ -133,7 +133,7 @@ def test_import_deepspeed_stays_torch_free(python_exe: str) -> None:
 def test_console_scripts_are_declared() -> None:
     eps = {ep.name: ep.value for ep in importlib.metadata.distribution("deepspeed").entry_points
            if ep.group == "console_scripts"}
-    assert eps == {"deepspeed": "deepspeed.launcher.runner:main", "ds_report": "deepspeed.env_report:cli_main"}
+    assert eps == {"deepspeed": "deepspeed.launcher.runner:cli_main", "ds_report": "deepspeed.env_report:cli_main"}
     import json
     import subprocess
     import sys
@@ -142,6 +142,11 @@ def test_console_scripts_are_declared() -> None:
     bin_dir = Path(sys.executable).parent
     launcher = subprocess.run([bin_dir / "deepspeed", "--help"], capture_output=True, text=True, timeout=120)
     assert launcher.returncode == 0 and launcher.stdout.startswith("usage: dscore run"), launcher.stderr
+    # conflicting flags: one line naming them, exit 2, no traceback (runner.main() raises the ValueError)
+    bad = subprocess.run([bin_dir / "deepspeed", "--num_nodes", "1", "-i", "localhost", "x.py"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("deepspeed: error: "), bad.stderr
+    assert "Traceback" not in bad.stderr and "include" in bad.stderr, bad.stderr
     report = subprocess.run([bin_dir / "ds_report", "--json"], capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["deepspeed_compat"]["value"]["active"] is True

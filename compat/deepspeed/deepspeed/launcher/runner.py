@@ -165,5 +165,20 @@ def main(args: Sequence[str] | None = None) -> int:
     return int(run(parse_args(sys.argv[1:] if args is None else args)) or 0)
 
 
+def cli_main() -> int:
+    """The ``deepspeed`` console script: :func:`main`, with a dscore error printed as one line (exit 2, no
+    traceback: the same as ``dscore run``) and Ctrl-C as exit 130. Programmatic callers use :func:`main`,
+    which raises as DeepSpeed's does."""
+    from dscore.errors import DscoreError
+
+    try:
+        return main()
+    except DscoreError as exc:
+        print(f"deepspeed: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(cli_main())
