@@ -179,3 +179,21 @@ def test_refused_finder_is_installed_once_and_last():
             "print(len(fs), sys.meta_path[-1] is fs[0])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["1", "True"]
+
+
+def test_swap_tensor_constant_and_leaf_module_helpers_by_name_and_suffix():
+    from deepspeed._not_provided import NotProvidedError
+    from deepspeed.runtime.swap_tensor import MIN_SWAPPABLE_BYTES
+    from deepspeed.runtime.swap_tensor.partitioned_param_swapper import PartitionedParamStatus
+    from deepspeed.utils import set_z3_leaf_modules_by_name, set_z3_leaf_modules_by_suffix, z3_leaf_module
+
+    assert MIN_SWAPPABLE_BYTES == 1024**2  # DeepSpeed 0.19.8's value
+    with pytest.raises(NotProvidedError, match="swapper classes"):
+        PartitionedParamStatus()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    found, missing = set_z3_leaf_modules_by_name(model, ["1", "nope"], raise_if_not_found=False)
+    assert found == [model[1]] and missing == ["nope"] and z3_leaf_module(model[1])
+    with pytest.raises(ValueError, match="nope"):
+        set_z3_leaf_modules_by_name(model, ["nope"])
+    found, missing = set_z3_leaf_modules_by_suffix(model, ["1.0"])
+    assert found == [model[1][0]] and missing == []

@@ -28,6 +28,11 @@ _UNIVERSAL = (
     "stage (engine.load_checkpoint), and 'dscore checkpoint export DIR --fp32 OUT' consolidates one"
 )
 
+_SWAP = (
+    "DeepSpeed's ZeRO-Infinity swapper classes are internal to its ZeRO stage 3; dscore's NVMe offload is the "
+    '`offload_param` / `offload_optimizer` `"device": "nvme"` config (deepspeed.runtime.swap_tensor.MIN_SWAPPABLE_BYTES is provided)'
+)
+
 #: subtree root -> (reason, its submodules relative to the root, as in DeepSpeed 0.19.8's wheel)
 REFUSED_TREES: dict[str, tuple[str, tuple[str, ...]]] = {
     # DeepSpeed's universal-checkpoint tooling (single modules of the real package deepspeed.checkpoint)
@@ -200,6 +205,14 @@ REFUSED_TREES: dict[str, tuple[str, tuple[str, ...]]] = {
             'swiglu_triton'
         ),
     ),
+    'deepspeed.runtime.swap_tensor.aio_config': (_SWAP, ()),
+    'deepspeed.runtime.swap_tensor.async_swapper': (_SWAP, ()),
+    'deepspeed.runtime.swap_tensor.constants': (_SWAP, ()),
+    'deepspeed.runtime.swap_tensor.optimizer_utils': (_SWAP, ()),
+    'deepspeed.runtime.swap_tensor.partitioned_optimizer_swapper': (_SWAP, ()),
+    'deepspeed.runtime.swap_tensor.partitioned_param_swapper': (_SWAP, ()),
+    'deepspeed.runtime.swap_tensor.pipelined_optimizer_swapper': (_SWAP, ()),
+    'deepspeed.runtime.swap_tensor.utils': (_SWAP, ()),
     'deepspeed.runtime.bf16_optimizer': (
         "DeepSpeed's BF16_Optimizer wrapper is not provided: dscore's bf16 mixed precision is the engine's `bf16` config block (the precision plugin, fp32 master weights in the ZeRO stage)",
         (),

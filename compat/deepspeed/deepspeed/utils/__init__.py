@@ -71,14 +71,16 @@ for _name in ("link_hp_params", "lazy_init_hp_params_optimizer_state"):
     __all__.append(_name)
 del _name
 
-_LEAF_NAMES = ("set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module")
+_LEAF_NAMES = ("set_z3_leaf_modules", "unset_z3_leaf_modules", "get_z3_leaf_modules", "z3_leaf_module",
+               "set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix")
+__all__ += ["set_z3_leaf_modules_by_name", "set_z3_leaf_modules_by_suffix"]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LEAF_NAMES:
-        import dscore.zero
+        import dscore.zero.leaf
 
-        value = getattr(dscore.zero, name, None)
+        value = getattr(dscore.zero.leaf, name, None)
         if value is None:
             from dscore.errors import ConfigError
 
