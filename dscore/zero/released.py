@@ -160,14 +160,34 @@ class ReleasedParameter(torch.nn.Parameter):
             return _disabled(func, args, kwargs)
         if _is_noop_to(func, args, kwargs):
             return args[0]
+        if name == "detach" and kind == "call" and type(args[0]) in _original_class:
+            return _guarded_alias(args[0])
         p = _released_in(args, kwargs)
         if p is None:  # our class reached here through a non-released argument: cannot happen; be plain
             return _disabled(func, args, kwargs)
         raise _error(func, p)
 
 
+class ReleasedAlias(torch.Tensor):
+    """What ``detach()`` of a released parameter returns (``module.state_dict()`` detaches every
+    parameter): an alias with the parameter's metadata and ``ds_*`` attributes that refuses data use
+    exactly as the parameter does. It stays guarded after a gather: it aliases the released storage."""
+
+    __torch_function__ = ReleasedParameter.__dict__["__torch_function__"]
+
+
+def _guarded_alias(p: torch.Tensor) -> torch.Tensor:
+    with torch._C.DisableTorchFunctionSubclass():
+        alias = torch.Tensor.detach(p)
+    alias.__class__ = ReleasedAlias
+    for k, v in vars(p).items():  # ds_* attributes, name and unit back-reference
+        if k.startswith(("ds_", "_dscore_")):
+            setattr(alias, k, v)
+    return alias
+
+
 _released_class: dict[type, type] = {torch.nn.Parameter: ReleasedParameter}
-_original_class: dict[type, type] = {ReleasedParameter: torch.nn.Parameter}
+_original_class: dict[type, type] = {ReleasedParameter: torch.nn.Parameter, ReleasedAlias: torch.Tensor}
 
 
 def _guarded_class(cls: type) -> type | None:
