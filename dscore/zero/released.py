@@ -10,7 +10,9 @@ dscore's rule: while a unit is released its parameters' Python class is a subcla
 (:class:`~torch.nn.Parameter` -> ``ReleasedParameter``) whose ``__torch_function__`` lets through the calls
 that read only metadata (shape, dtype, device, ``requires_grad``, ``grad``, hooks, storage pointers, a
 no-op ``.to``) and raises :class:`dscore.errors.PartitionedParameterError` naming the parameter, the call
-and ``dscore.zero.GatheredParameters`` for everything else. Gathering the unit swaps the class back, so
+and ``dscore.zero.GatheredParameters`` for everything else. ``detach()`` (what ``module.state_dict()`` calls;
+transformers' ``from_pretrained`` reads its keys inside ``zero.Init``) returns a ``ReleasedAlias``: same
+metadata and ``ds_*`` attributes, the same refusal of any data use (saving included). Gathering the unit swaps the class back, so
 the hot path (forward and backward run on gathered parameters) sees ordinary parameters and pays
 nothing per torch call; the cost is one ``__class__`` assignment per parameter per gather and release.
 
