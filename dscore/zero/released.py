@@ -10,7 +10,9 @@ dscore's rule: while a unit is released its parameters' Python class is a subcla
 (:class:`~torch.nn.Parameter` -> ``ReleasedParameter``) whose ``__torch_function__`` lets through the calls
 that read only metadata (shape, dtype, device, ``requires_grad``, ``grad``, hooks, storage pointers, a
 no-op ``.to``) and raises :class:`dscore.errors.PartitionedParameterError` naming the parameter, the call
-and ``dscore.zero.GatheredParameters`` for everything else. Gathering the unit swaps the class back, so
+and ``dscore.zero.GatheredParameters`` for everything else. ``detach()`` (what ``module.state_dict()`` calls;
+transformers' ``from_pretrained`` reads its keys inside ``zero.Init``) returns a ``ReleasedAlias``: same
+metadata and ``ds_*`` attributes, the same refusal of any data use (saving included). Gathering the unit swaps the class back, so
 the hot path (forward and backward run on gathered parameters) sees ordinary parameters and pays
 nothing per torch call; the cost is one ``__class__`` assignment per parameter per gather and release.
 
@@ -160,14 +162,34 @@ class ReleasedParameter(torch.nn.Parameter):
             return _disabled(func, args, kwargs)
         if _is_noop_to(func, args, kwargs):
             return args[0]
+        if name == "detach" and kind == "call" and type(args[0]) in _original_class:
+            return _guarded_alias(args[0])
         p = _released_in(args, kwargs)
         if p is None:  # our class reached here through a non-released argument: cannot happen; be plain
             return _disabled(func, args, kwargs)
         raise _error(func, p)
 
 
+class ReleasedAlias(torch.Tensor):
+    """What ``detach()`` of a released parameter returns (``module.state_dict()`` detaches every
+    parameter): an alias with the parameter's metadata and ``ds_*`` attributes that refuses data use
+    exactly as the parameter does. It stays guarded after a gather: it aliases the released storage."""
+
+    __torch_function__ = ReleasedParameter.__dict__["__torch_function__"]
+
+
+def _guarded_alias(p: torch.Tensor) -> torch.Tensor:
+    with torch._C.DisableTorchFunctionSubclass():
+        alias = torch.Tensor.detach(p)
+    alias.__class__ = ReleasedAlias
+    for k, v in vars(p).items():  # ds_* attributes, name and unit back-reference
+        if k.startswith(("ds_", "_dscore_")):
+            setattr(alias, k, v)
+    return alias
+
+
 _released_class: dict[type, type] = {torch.nn.Parameter: ReleasedParameter}
-_original_class: dict[type, type] = {ReleasedParameter: torch.nn.Parameter}
+_original_class: dict[type, type] = {ReleasedParameter: torch.nn.Parameter, ReleasedAlias: torch.Tensor}
 
 
 def _guarded_class(cls: type) -> type | None:

@@ -51,7 +51,8 @@ def test_metadata_and_bookkeeping_pass_on_a_released_parameter() -> None:
     "touch",
     [
         lambda p: p.sum(),
-        lambda p: p.detach(),
+        lambda p: p.detach().sum(),
+        lambda p: p.detach().detach().clone(),
         lambda p: p.data,
         lambda p: p[0],
         lambda p: p.to(torch.float16),
@@ -65,7 +66,7 @@ def test_metadata_and_bookkeeping_pass_on_a_released_parameter() -> None:
         lambda p: torch.cat([p, p]),
         lambda p: torch.nn.functional.linear(torch.ones(1, 4), p),
     ],
-    ids=["sum", "detach", "data", "getitem", "to-half", "add", "add_", "repr", "tolist", "numpy", "deepcopy", "save",
+    ids=["sum", "detach-sum", "detach-detach-clone", "data", "getitem", "to-half", "add", "add_", "repr", "tolist", "numpy", "deepcopy", "save",
          "cat", "linear"],
 )
 def test_reading_or_writing_values_raises_naming_the_parameter(touch) -> None:
@@ -75,10 +76,17 @@ def test_reading_or_writing_values_raises_naming_the_parameter(touch) -> None:
     assert info.value.name == "0.weight"
 
 
-def test_state_dict_and_deepcopy_of_a_released_module_raise() -> None:
+def test_state_dict_of_a_released_module_is_metadata_only_and_deepcopy_raises() -> None:
     model, unit = _released()
-    with pytest.raises(PartitionedParameterError, match="'0.weight'"):
-        model.state_dict()  # detach() of every parameter: would save 0-byte storages
+    # transformers' from_pretrained reads state_dict().keys() inside zero.Init: keys and metadata pass,
+    # the values (0-byte storages) refuse every data use, saving included
+    sd = model.state_dict()
+    w = sd["0.weight"]
+    assert w.shape == (3, 4) and w.dtype == model[0].weight.dtype and not isinstance(w, torch.nn.Parameter)
+    assert w.ds_shape == model[0].weight.ds_shape
+    for touch in (lambda: w.sum(), lambda: w.clone(), lambda: torch.save(sd, io.BytesIO()), lambda: repr(w)):
+        with pytest.raises(PartitionedParameterError, match="'0.weight'"):
+            touch()
     with pytest.raises(PartitionedParameterError):
         copy.deepcopy(model)
     unit.gather()
