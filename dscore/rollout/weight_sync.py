@@ -163,11 +163,12 @@ class WeightSyncGroup:
             raise WeightSyncError(f"WeightSyncGroup(device={device!r}): 'cpu' or a CUDA device ({exc})") from None
         if dev.type not in ("cpu", "cuda"):
             raise WeightSyncError(f"WeightSyncGroup(device={device!r}): 'cpu' (gloo) or a CUDA device (NCCL)")
-        if dev.type == "cuda" and (getattr(dist, "ProcessGroupNCCL", None) is None or not torch.cuda.is_available()):
+        gpu = torch.get_device_module("cuda")  # NCCL moves CUDA tensors only
+        if dev.type == "cuda" and (getattr(dist, "ProcessGroupNCCL", None) is None or not gpu.is_available()):
             raise WeightSyncError(f"WeightSyncGroup(device={device!r}): this torch build or machine has no NCCL/CUDA; "
                                   "use device='cpu' (gloo)")
         if dev.type == "cuda" and dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
+            dev = torch.device("cuda", gpu.current_device())
         self.host, self.port, self.world_size, self.rank = host, port, world_size, rank
         self.timeout_s = seconds
         self.device = dev
@@ -204,7 +205,7 @@ class WeightSyncGroup:
                 nccl = dist.ProcessGroupNCCL  # type: ignore[attr-defined]
                 opts = nccl.Options()
                 opts._timeout = delta
-                torch.cuda.set_device(dev)
+                gpu.set_device(dev)
                 self.data = nccl(dist.PrefixStore("wsync/nccl", self.store), rank, world_size, opts)
             # every member returns only once all formed the groups: a sync never starts half-connected
             ctrl: Any = self.ctrl

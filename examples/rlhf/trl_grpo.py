@@ -7,12 +7,10 @@ arguments turned ZeRO-3 on, so inside ``deepspeed.zero.Init``; a word-level toke
 The reward is the fraction of completion tokens equal to ``--target`` (from TRL's ``completion_ids``).
 The trainer's AdamW takes the ds_config's ``lr``/``betas``/``weight_decay`` and ``gradient_clipping``.
 
-Why ``--beta 0`` (no reference model) only: TRL builds its reference with ``from_pretrained(model id)`` (also
-when the policy is passed as an instance), and transformers 5's ``from_pretrained`` under ZeRO-3 builds the
-model inside ``deepspeed.zero.Init`` and then calls ``model.state_dict()`` for the expected keys, which
-``detach``es every released parameter: DeepSpeed's 0-element ``param.data`` lets that pass, dscore's released
-parameters raise ``PartitionedParameterError``. So the policy here is built with ``from_config`` (inside
-``zero.Init``, born partitioned) and the KL term is off; the dscore loop of ``grpo.py`` has its reference.
+Why ``--beta 0`` (no reference model) only: TRL builds its reference with ``from_pretrained(model id)``. That
+load under ZeRO-3 used to fail on dscore's released-parameter guard and now works
+(tests/compat/test_from_pretrained_zero3.py), but this path with a reference is not yet tested, so it stays
+refused; the dscore loop of ``grpo.py`` has its reference.
 """
 
 from __future__ import annotations
