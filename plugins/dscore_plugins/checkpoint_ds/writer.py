@@ -171,6 +171,20 @@ def _shared_params(module: torch.nn.Module) -> dict[str, str]:
     return shared
 
 
+def _run_state(counters: dict[str, Any], world: int, ds_config: Any) -> dict[str, Any]:
+    """The run's keys of DeepSpeed's ``mp_rank_*_model_states.pt`` (counters, world sizes, config, version)."""
+    return {
+        "skipped_steps": int(counters.get("skipped_steps", 0)),
+        "global_steps": int(counters.get("global_steps", 0)),
+        "global_samples": int(counters.get("global_samples", 0)),
+        "dp_world_size": world,
+        "mp_world_size": 1,
+        "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1},
+        "ds_config": ds_config,
+        "ds_version": DEEPSPEED_VERSION,
+    }
+
+
 def _stage0_files(
     module: torch.nn.Module,
     module_sd: dict[str, torch.Tensor],
@@ -211,14 +225,7 @@ def _stage0_files(
         "lr_scheduler": lr_scheduler_state,
         "data_sampler": None,
         "random_ltd": None,
-        "skipped_steps": int(counters.get("skipped_steps", 0)),
-        "global_steps": int(counters.get("global_steps", 0)),
-        "global_samples": int(counters.get("global_samples", 0)),
-        "dp_world_size": world,
-        "mp_world_size": 1,
-        "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1},
-        "ds_config": ds_config,
-        "ds_version": DEEPSPEED_VERSION,
+        **_run_state(counters, world, ds_config),
     }
     model_state.update(client_state)  # DeepSpeed merges the client's keys into the same dict
     return {model_file_name(0, 0): model_state}
@@ -439,14 +446,7 @@ def deepspeed_files(
             "lr_scheduler": lr_scheduler_state,
             "data_sampler": None,
             "random_ltd": None,
-            "skipped_steps": int(counters.get("skipped_steps", 0)),
-            "global_steps": int(counters.get("global_steps", 0)),
-            "global_samples": int(counters.get("global_samples", 0)),
-            "dp_world_size": world,
-            "mp_world_size": 1,
-            "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1},
-            "ds_config": ds_config,
-            "ds_version": DEEPSPEED_VERSION,
+            **_run_state(counters, world, ds_config),
         }
         if layers:
             model_state["num_experts"] = [layer.num_experts for layer in layers]

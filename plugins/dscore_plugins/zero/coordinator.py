@@ -187,15 +187,7 @@ class Coordinator(DivergenceCheck):
             s.unit.active_sub_modules.add(id(mod))  # the parameters' ds_active_sub_modules
         timers = active_timers()
         t0 = clock(timers)
-        # launch this module's gathers and the prefetches before waiting, so all are in flight together
-        try:
-            for s in units:
-                self._fetch(s, async_op=True)
-            self._prefetch(mod, +1)
-            for s in units:
-                s.unit.wait()
-        except DistributedError as exc:
-            raise self._gather_failed(mod, exc) from exc
+        self._gather_units(units, mod, +1, mod)
         if timers is not None:
             timers.add("forward.allgather_wait", clock(timers) - t0)
 
@@ -228,13 +220,21 @@ class Coordinator(DivergenceCheck):
         for s in units:
             if s.trainable:
                 self._in_use.add(id(s.unit))
-            self._fetch(s, async_op=True)
+        self._gather_units(units, mod, -1, mod)
+
+    def _gather_units(self, units: list[UnitState], anchor: torch.nn.Module, direction: int,
+                      named: torch.nn.Module) -> None:
+        """Launch the gathers of ``units`` and the prefetch from ``anchor`` in ``direction`` (+1 forward, -1
+        backward) before waiting, so all are in flight together; then wait for ``units``. A failed gather
+        is re-raised naming ``named``."""
         try:
-            self._prefetch(mod, -1)
+            for s in units:
+                self._fetch(s, async_op=True)
+            self._prefetch(anchor, direction)
             for s in units:
                 s.unit.wait()
         except DistributedError as exc:
-            raise self._gather_failed(mod, exc) from exc
+            raise self._gather_failed(named, exc) from exc
 
     # ------------------------------------------------------------------ compiled regions (.regions)
     # The hooks of a region's modules, run once at the region's boundary (eagerly, outside its compiled
@@ -262,17 +262,9 @@ class Coordinator(DivergenceCheck):
             for s in self.module_units[m]:
                 self._in_use.add(id(s.unit))
                 s.unit.active_sub_modules.add(id(m))
-        units = self._region_units(mods)
         timers = active_timers()
         t0 = clock(timers)
-        try:
-            for s in units:
-                self._fetch(s, async_op=True)
-            self._prefetch(mods[-1], +1)
-            for s in units:
-                s.unit.wait()
-        except DistributedError as exc:
-            raise self._gather_failed(region, exc) from exc
+        self._gather_units(self._region_units(mods), mods[-1], +1, region)
         if timers is not None:
             timers.add("forward.allgather_wait", clock(timers) - t0)
 
@@ -306,13 +298,7 @@ class Coordinator(DivergenceCheck):
         for s in units:
             if s.trainable:
                 self._in_use.add(id(s.unit))
-            self._fetch(s, async_op=True)
-        try:
-            self._prefetch(mods[0], -1)
-            for s in units:
-                s.unit.wait()
-        except DistributedError as exc:
-            raise self._gather_failed(mods[0], exc) from exc
+        self._gather_units(units, mods[0], -1, mods[0])
 
     def _gather_failed(self, mod: torch.nn.Module, exc: DistributedError) -> DistributedError:
         """A gather whose peers posted another collective (different sizes): most often ranks running
